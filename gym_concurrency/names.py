@@ -1,0 +1,69 @@
+"""Instrument names, attribute keys, the allowed value sets and bucket boundaries.
+
+These strings are public API: dashboards and clients depend on them. Each is named once here.
+"""
+
+from typing import Final
+
+# Concurrency-limit state, observed at export from every named MeteredSemaphore.
+CONCURRENCY_LIMIT_INSTRUMENT: Final = "gym.concurrency.limit"
+CONCURRENCY_ACTIVE_INSTRUMENT: Final = "gym.concurrency.active"
+CONCURRENCY_AVAILABLE_INSTRUMENT: Final = "gym.concurrency.available"
+QUEUE_DEPTH_INSTRUMENT: Final = "gym.concurrency.queue_depth"
+ADMISSION_TIMEOUTS_INSTRUMENT: Final = "gym.concurrency.admission_timeouts_total"
+ADMISSION_CANCELLED_INSTRUMENT: Final = "gym.concurrency.admission_cancelled_total"
+ADMISSION_SHED_INSTRUMENT: Final = "gym.concurrency.admission_shed_total"
+# Recorded by the middleware for every admission attempt on a limited route.
+QUEUE_WAIT_INSTRUMENT: Final = "gym.concurrency.queue_wait_duration_ms"
+
+COMPONENT_ATTRIBUTE: Final = "nemo.gym.concurrency.component"
+LIMIT_NAME_ATTRIBUTE: Final = "nemo.gym.concurrency.limit_name"
+SERVER_ATTRIBUTE: Final = "nemo.gym.server.name"
+ADMISSION_OUTCOME_ATTRIBUTE: Final = "nemo.gym.concurrency.admission_outcome"
+
+ADMISSION_OUTCOMES: Final = frozenset({"admitted", "timeout", "cancelled", "shed"})
+
+# Bounded work inside a resources server: verifiers, judges, tools.
+QUEUE_DURATION_INSTRUMENT: Final = "gym.resources.operation.queue_duration_ms"
+DURATION_INSTRUMENT: Final = "gym.resources.operation.duration_ms"
+QUEUED_INSTRUMENT: Final = "gym.resources.operation.queued"
+ACTIVE_INSTRUMENT: Final = "gym.resources.operation.active"
+
+OPERATION_ATTRIBUTE: Final = "nemo.gym.resources.operation"
+EXECUTOR_ATTRIBUTE: Final = "nemo.gym.resources.executor"
+OUTCOME_ATTRIBUTE: Final = "nemo.gym.resources.operation.outcome"
+
+OPERATIONS: Final = frozenset({"verify", "tool", "judge", "other"})
+EXECUTORS: Final = frozenset({"inline", "thread", "process", "subprocess", "other"})
+OUTCOMES: Final = frozenset({"ok", "error", "timeout", "cancelled", "crashed"})
+
+# Milliseconds: from a fast tool call (1 ms) to a long episode (30 min).
+OPERATION_BOUNDARIES_MS: Final[tuple[float, ...]] = (
+    1,
+    5,
+    10,
+    50,
+    100,
+    500,
+    1000,
+    5000,
+    10000,
+    30000,
+    60000,
+    300000,
+    1800000,
+)
+
+METER_NAME: Final = "gym_concurrency"
+
+SLOT_UNIT: Final = "{slot}"
+REQUEST_UNIT: Final = "{request}"
+OPERATION_UNIT: Final = "{operation}"
+MILLISECONDS_UNIT: Final = "ms"
+
+
+def check_member(kind: str, value: object, allowed: frozenset[str]) -> str:
+    """Return `value` if it is one of `allowed`, else raise ValueError naming `kind` and the set."""
+    if value not in allowed:
+        raise ValueError(f"unknown {kind} {value!r}: expected one of {', '.join(sorted(allowed))}")
+    return value  # type: ignore[return-value]
