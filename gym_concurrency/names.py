@@ -66,4 +66,4 @@ def check_member(kind: str, value: object, allowed: frozenset[str]) -> str:
     """Return `value` if it is one of `allowed`, else raise ValueError naming `kind` and the set."""
     if value not in allowed:
         raise ValueError(f"unknown {kind} {value!r}: expected one of {', '.join(sorted(allowed))}")
-    return value  # type: ignore[return-value]
+    return value

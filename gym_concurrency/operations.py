@@ -1,0 +1,206 @@
+"""resources_operation: time bounded work by how long it queued, how long it ran, how it ended."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager
+from time import perf_counter
+from types import TracebackType
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
+
+from . import names
+from .meters import exporting_meter, resolve_provider
+
+__all__ = ["ResourcesOperation", "operation_counts", "resources_operation"]
+
+_Key = tuple[str, str]
+
+# Every allowed attribute set, built once: recording then only looks a dict up.
+_BASE_ATTRIBUTES: dict[_Key, dict[str, str]] = {
+    (op, ex): {names.OPERATION_ATTRIBUTE: op, names.EXECUTOR_ATTRIBUTE: ex}
+    for op in names.OPERATIONS
+    for ex in names.EXECUTORS
+}
+_OUTCOME_ATTRIBUTES: dict[tuple[str, str, str], dict[str, str]] = {
+    (op, ex, outcome): {**attributes, names.OUTCOME_ATTRIBUTE: outcome}
+    for (op, ex), attributes in _BASE_ATTRIBUTES.items()
+    for outcome in names.OUTCOMES
+}
+
+
+class ResourcesOperation:
+    """One limited operation. Set `outcome` inside the block when the work ended other than by
+    returning normally; it must be one of OUTCOMES."""
+
+    __slots__ = ("_outcome",)
+
+    def __init__(self) -> None:
+        self._outcome: str | None = None
+
+    @property
+    def outcome(self) -> str | None:
+        """How the operation ended: set by the block, else by the wrapper on exit."""
+        return self._outcome
+
+    @outcome.setter
+    def outcome(self, value: str) -> None:
+        self._outcome = names.check_member("outcome", value, names.OUTCOMES)
+
+    def __repr__(self) -> str:
+        return f"<ResourcesOperation outcome={self._outcome!r}>"
+
+
+class _OperationMetrics:
+    """The instruments and live counts behind `resources_operation`, one set per meter."""
+
+    def __init__(self, meter: Meter) -> None:
+        self.queued: dict[_Key, int] = {}
+        self.active: dict[_Key, int] = {}
+        self.queue_duration = meter.create_histogram(
+            names.QUEUE_DURATION_INSTRUMENT,
+            unit=names.MILLISECONDS_UNIT,
+            description="Time an operation waited for its concurrency limit.",
+            explicit_bucket_boundaries_advisory=names.OPERATION_BOUNDARIES_MS,
+        )
+        self.duration = meter.create_histogram(
+            names.DURATION_INSTRUMENT,
+            unit=names.MILLISECONDS_UNIT,
+            description="Time an operation ran inside its concurrency limit, by outcome.",
+            explicit_bucket_boundaries_advisory=names.OPERATION_BOUNDARIES_MS,
+        )
+        meter.create_observable_up_down_counter(
+            names.QUEUED_INSTRUMENT,
+            [self._observe_queued],
+            unit=names.OPERATION_UNIT,
+            description="Operations waiting for their concurrency limit now.",
+        )
+        meter.create_observable_up_down_counter(
+            names.ACTIVE_INSTRUMENT,
+            [self._observe_active],
+            unit=names.OPERATION_UNIT,
+            description="Operations running inside their concurrency limit now.",
+        )
+
+    def _observe_queued(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(n, _BASE_ATTRIBUTES[key]) for key, n in list(self.queued.items())]
+
+    def _observe_active(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(n, _BASE_ATTRIBUTES[key]) for key, n in list(self.active.items())]
+
+
+_METRICS: weakref.WeakKeyDictionary[Meter, _OperationMetrics] = weakref.WeakKeyDictionary()
+# The provider asked about last and its answer: most processes only ever use one provider.
+_last: tuple[MeterProvider, _OperationMetrics | None] | None = None
+
+
+def _metrics(meter_provider: MeterProvider | None = None) -> _OperationMetrics | None:
+    """The metrics set for `meter_provider` (None = global), or None while nothing exports."""
+    global _last
+    provider = resolve_provider(meter_provider)
+    last = _last
+    if last is not None and last[0] is provider:
+        return last[1]
+    meter = exporting_meter(provider)
+    found = None
+    if meter is not None:
+        found = _METRICS.get(meter)
+        if found is None:
+            found = _METRICS[meter] = _OperationMetrics(meter)
+    _last = (provider, found)
+    return found
+
+
+def operation_counts() -> dict[_Key, tuple[int, int]]:
+    """(queued, active) now per (operation, executor), summed over every meter; for status views.
+
+    Counted only while metrics are exporting, like the instruments they feed.
+    """
+    counts: dict[_Key, tuple[int, int]] = {}
+    for metrics in list(_METRICS.values()):
+        for key in set(metrics.queued) | set(metrics.active):
+            queued, active = counts.get(key, (0, 0))
+            counts[key] = (queued + metrics.queued.get(key, 0), active + metrics.active.get(key, 0))
+    return counts
+
+
+def resources_operation(
+    limit: AbstractAsyncContextManager[Any],
+    operation: str,
+    executor: str,
+    *,
+    meter_provider: MeterProvider | None = None,
+) -> _Operation:
+    """Enter `limit` (any async context manager, such as an asyncio.Semaphore) and report the
+    operation. An exception sets the outcome to error, or cancelled for a cancellation, unless
+    the block already set one."""
+    key = (
+        names.check_member("operation", operation, names.OPERATIONS),
+        names.check_member("executor", executor, names.EXECUTORS),
+    )
+    return _Operation(limit, key, meter_provider)
+
+
+class _Operation:
+    """The async context manager `resources_operation` returns; one use only."""
+
+    __slots__ = ("_entered_at", "_exit", "_key", "_limit", "_metrics", "_operation", "_provider")
+
+    def __init__(
+        self, limit: AbstractAsyncContextManager[Any], key: _Key, provider: MeterProvider | None
+    ) -> None:
+        if not (hasattr(limit, "__aenter__") and hasattr(limit, "__aexit__")):
+            raise TypeError(f"limit must be an async context manager, got {limit!r}")
+        self._limit = limit
+        self._key = key
+        self._provider = provider
+        self._operation = ResourcesOperation()
+        self._metrics: _OperationMetrics | None = None
+        self._entered_at = 0.0
+
+    async def __aenter__(self) -> ResourcesOperation:
+        metrics = self._metrics = _metrics(self._provider)
+        if metrics is None:
+            await self._limit.__aenter__()
+            return self._operation
+        key = self._key
+        metrics.queued[key] = metrics.queued.get(key, 0) + 1
+        started = perf_counter()
+        try:
+            await self._limit.__aenter__()
+        finally:
+            entered = perf_counter()
+            metrics.queued[key] -= 1
+            metrics.queue_duration.record((entered - started) * 1000.0, _BASE_ATTRIBUTES[key])
+        metrics.active[key] = metrics.active.get(key, 0) + 1
+        self._entered_at = entered
+        return self._operation
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        operation = self._operation
+        if operation._outcome is None:
+            operation._outcome = _outcome_of(exc_type)
+        metrics = self._metrics
+        if metrics is None:
+            return await self._limit.__aexit__(exc_type, exc, tb)
+        ran_ms = (perf_counter() - self._entered_at) * 1000.0
+        try:
+            return await self._limit.__aexit__(exc_type, exc, tb)
+        finally:
+            metrics.active[self._key] -= 1
+            attributes = _OUTCOME_ATTRIBUTES[(*self._key, operation._outcome)]
+            metrics.duration.record(ran_ms, attributes)
+
+
+def _outcome_of(exc_type: type[BaseException] | None) -> str:
+    if exc_type is None:
+        return "ok"
+    return "cancelled" if issubclass(exc_type, asyncio.CancelledError) else "error"
