@@ -1,0 +1,128 @@
+"""The status view: every named concurrency limit now, as JSON or as a self-refreshing HTML page.
+
+Mount it in an app (`app.add_route("/concurrency", ConcurrencyStatusView())` or `app.mount`).
+`?format=json` or a client that does not accept HTML gets the JSON snapshot; a browser gets
+a page with a bar per limit that re-reads the snapshot every `refresh_seconds`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from importlib import resources
+from typing import Any
+
+from starlette.datastructures import Headers, QueryParams
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from gym_concurrency.observer import registered_semaphores
+from gym_concurrency.operations import operation_counts
+
+__all__ = ["ConcurrencyStatusView", "status_snapshot"]
+
+_LimitKey = tuple[str, str, str | None]
+_MIN_REFRESH_SECONDS = 0.2
+_MAX_REFRESH_SECONDS = 3600.0
+
+
+def status_snapshot() -> dict[str, Any]:
+    """Every named limit alive now (summed per component, limit name and server), and the
+    operations running or waiting per operation and executor."""
+    return {"limits": _limit_rows(), "operations": _operation_rows()}
+
+
+def _limit_rows() -> list[dict[str, Any]]:
+    rows: dict[_LimitKey, dict[str, Any]] = {}
+    for semaphore in registered_semaphores():
+        key = (str(semaphore.component), str(semaphore.limit_name), semaphore.server)
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = {
+                "component": key[0], "limit_name": key[1], "server": key[2],
+                "limit": 0, "active": 0, "available": 0, "queue_depth": 0,
+                "timeouts": 0, "cancelled": 0, "shed": 0,
+                "timeout_seconds": semaphore.timeout, "max_queue": semaphore.max_queue,
+            }
+        # Semaphores with the same attributes are one limit, as in the metrics.
+        row["limit"] += semaphore.limit
+        row["active"] += semaphore.active
+        row["available"] += semaphore.available
+        row["queue_depth"] += semaphore.queue_depth
+        row["timeouts"] += semaphore.admission_timeouts
+        row["cancelled"] += semaphore.admission_cancelled
+        row["shed"] += semaphore.admission_shed
+    return list(rows.values())
+
+
+def _operation_rows() -> list[dict[str, Any]]:
+    return [
+        {"operation": operation, "executor": executor, "queued": queued, "active": active}
+        for (operation, executor), (queued, active) in sorted(operation_counts().items())
+    ]
+
+
+class ConcurrencyStatusView:
+    """ASGI endpoint: GET/HEAD answers with the status snapshot (JSON) or page (HTML)."""
+
+    def __init__(self, *, refresh_seconds: float = 1.0, title: str = "Concurrency limits") -> None:
+        if not (_MIN_REFRESH_SECONDS <= refresh_seconds <= _MAX_REFRESH_SECONDS):
+            raise ValueError(
+                f"refresh_seconds must be between {_MIN_REFRESH_SECONDS} and "
+                f"{_MAX_REFRESH_SECONDS}, got {refresh_seconds!r}"
+            )
+        self.refresh_seconds = refresh_seconds
+        self.title = title
+        self._template = resources.files(__package__).joinpath("status.html").read_text("utf-8")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            raise ValueError(f"ConcurrencyStatusView serves HTTP only, not {scope['type']!r}")
+        response = self._respond(scope)
+        await response(scope, receive, send)
+
+    def _respond(self, scope: Scope) -> Response:
+        if scope["method"] not in ("GET", "HEAD"):
+            return PlainTextResponse("Method Not Allowed", 405, headers={"Allow": "GET, HEAD"})
+        query = QueryParams(scope.get("query_string", b""))
+        wanted = query.get("format") or _negotiated_format(Headers(scope=scope))
+        if wanted not in ("json", "html"):
+            return PlainTextResponse(f"format must be json or html, got {wanted!r}", 400)
+        headers = {"Cache-Control": "no-store"}
+        if wanted == "json":
+            return JSONResponse(status_snapshot(), headers=headers)
+        refresh = _refresh_seconds(query.get("refresh"), self.refresh_seconds)
+        if isinstance(refresh, str):
+            return PlainTextResponse(refresh, 400)
+        return HTMLResponse(self._page(refresh), headers=headers)
+
+    def _page(self, refresh_seconds: float) -> str:
+        # The first snapshot is embedded so the bars are there on load, before any refresh.
+        # "<" is escaped so that no limit name can end the script element early.
+        snapshot = json.dumps(status_snapshot()).replace("<", "\\u003c")
+        return (
+            self._template.replace("{{TITLE}}", html.escape(self.title))
+            .replace("{{REFRESH_MS}}", str(round(refresh_seconds * 1000)))
+            .replace("{{SNAPSHOT}}", snapshot)
+        )
+
+
+def _negotiated_format(headers: Headers) -> str:
+    """html for a client that asks for text/html (a browser), json for everyone else."""
+    return "html" if "text/html" in headers.get("accept", "") else "json"
+
+
+def _refresh_seconds(raw: str | None, default: float) -> float | str:
+    """The page's refresh interval from `?refresh=`, or an error message naming the bounds."""
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (_MIN_REFRESH_SECONDS <= value <= _MAX_REFRESH_SECONDS):
+        return (f"refresh must be a number of seconds between {_MIN_REFRESH_SECONDS} and "
+                f"{_MAX_REFRESH_SECONDS}, got {raw!r}")
+    return value
+
