@@ -1,1 +1,19 @@
-"""ASGI and FastAPI integration layer for gym_concurrency (installed as gym_concurrency.middleware)."""
+"""ASGI and FastAPI integration layer for gym_concurrency (installed as gym_concurrency.middleware).
+
+Per-route admission with documented failure responses (`ConcurrencyLimitMiddleware`), its
+settings (`ConcurrencySettings`, `RouteLimit`, `OperationLimit`), and dependency handles that
+put verifier / judge / tool work under a metered limit (`operation_limit`).
+"""
+
+from .admission import ConcurrencyLimitMiddleware
+from .dependencies import OperationHandle, operation_limit
+from .settings import ConcurrencySettings, OperationLimit, RouteLimit
+
+__all__ = [
+    "ConcurrencyLimitMiddleware",
+    "ConcurrencySettings",
+    "OperationHandle",
+    "OperationLimit",
+    "RouteLimit",
+    "operation_limit",
+]

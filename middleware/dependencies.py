@@ -1,0 +1,114 @@
+"""operation_limit: FastAPI dependency handles that run verifier / judge / tool work inside a
+configured OperationLimit through `resources_operation`, timing only the guarded block."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from starlette.requests import HTTPConnection
+
+from gym_concurrency import ResourcesOperation, resources_operation
+
+from .limits import LIMITS_SCOPE_KEY, ConcurrencyLimits, LimitedOperation
+from .routing import UnknownRouteError, iter_routes
+
+__all__ = ["OperationHandle", "check_operation_names", "operation_limit"]
+
+# Marks the dependency functions operation_limit makes, so startup can check their names.
+_OPERATION_NAME = "__gym_concurrency_operation_limit__"
+
+
+class OperationHandle:
+    """A route's handle on one OperationLimit: `async with handle as op:` waits for a slot of
+    the limit (TimeoutError after its `timeout_seconds`) and reports the operation."""
+
+    __slots__ = ("_limit", "_meter_provider", "_open")
+
+    def __init__(self, limit: LimitedOperation, meter_provider: Any = None) -> None:
+        self._limit = limit
+        self._meter_provider = meter_provider
+        # Open blocks per task, so concurrent blocks in one request each close their own.
+        self._open: dict[asyncio.Task[Any] | None, list[Any]] = {}
+
+    @property
+    def limit(self) -> LimitedOperation:
+        """The configured limit and its MeteredSemaphore."""
+        return self._limit
+
+    def operation(self) -> Any:
+        """A fresh `resources_operation` on this limit (an async context manager)."""
+        config = self._limit.config
+        return resources_operation(
+            self._limit.semaphore,
+            config.operation,
+            config.executor,
+            meter_provider=self._meter_provider,
+        )
+
+    async def __aenter__(self) -> ResourcesOperation:
+        operation = self.operation()
+        entered: ResourcesOperation = await operation.__aenter__()
+        self._open.setdefault(asyncio.current_task(), []).append(operation)
+        return entered
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        task = asyncio.current_task()
+        stack = self._open[task]
+        operation = stack.pop()
+        if not stack:
+            del self._open[task]
+        result: bool | None = await operation.__aexit__(exc_type, exc, tb)
+        return result
+
+
+def operation_limit(limit_name: str) -> Callable[[HTTPConnection], OperationHandle]:
+    """A FastAPI dependency giving the handle of the OperationLimit named `limit_name`:
+    `Judge = Annotated[OperationHandle, Depends(operation_limit("judge"))]`."""
+
+    def dependency(connection: HTTPConnection) -> OperationHandle:
+        limits: ConcurrencyLimits | None = connection.scope.get(LIMITS_SCOPE_KEY)
+        if limits is None:
+            raise RuntimeError(
+                f"operation_limit({limit_name!r}) needs ConcurrencyLimitMiddleware on the app"
+            )
+        return OperationHandle(limits.operation(limit_name), limits.meter_provider)
+
+    dependency.__name__ = f"operation_limit_{limit_name}"
+    setattr(dependency, _OPERATION_NAME, limit_name)
+    return dependency
+
+
+def check_operation_names(app: Any, operations: Mapping[str, LimitedOperation]) -> None:
+    """Raise UnknownRouteError if a route of `app` uses operation_limit(name) for a name no
+    OperationLimit has."""
+    for path, name in _operation_names_used(getattr(app, "routes", None) or []):
+        if name not in operations:
+            raise UnknownRouteError(
+                f"operation_limit({name!r}) is used by {path} but no OperationLimit has "
+                f"limit_name {name!r} (configured: {sorted(operations) or 'none'})"
+            )
+
+
+def _operation_names_used(routes: Sequence[Any]) -> Iterator[tuple[str, str]]:
+    for path, route, _ in iter_routes(routes):
+        for name in _names_in(getattr(route, "dependant", None), set()):
+            yield path, name
+
+
+def _names_in(dependant: Any, seen: set[int]) -> Iterator[str]:
+    if dependant is None or id(dependant) in seen:
+        return
+    seen.add(id(dependant))
+    name = getattr(getattr(dependant, "call", None), _OPERATION_NAME, None)
+    if name is not None:
+        yield name
+    for child in getattr(dependant, "dependencies", ()):
+        yield from _names_in(child, seen)
