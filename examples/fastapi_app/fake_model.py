@@ -1,9 +1,12 @@
-"""A fake OpenAI-compatible chat model: answers by echoing the last user message.
+"""A fake OpenAI-compatible chat model: echoes the last user message, or judges one.
+
+A prompt in the demo's judge format ("Expected: ...", "Response: ...", ending in "Answer yes
+or no.") is answered "yes" when the response contains the expected text, else "no".
 
 Latency and error rate come from the environment so the demo can run, and be overloaded,
 without a real model:
 
-    FAKE_MODEL_LATENCY_SECONDS   time spent per completion (default 0.05)
+    FAKE_MODEL_LATENCY_SECONDS   time spent per completion (default 0.5)
     FAKE_MODEL_ERROR_RATE        fraction of completions answered with a 500 (default 0)
 
 Run it with `uvicorn examples.fastapi_app.fake_model:app --port 8001`.
@@ -65,10 +68,19 @@ def _env_float(name: str, default: float) -> float:
         raise ValueError(f"{name} must be a number, got {raw!r}") from None
 
 
-LATENCY_SECONDS = _env_float("FAKE_MODEL_LATENCY_SECONDS", 0.05)
+LATENCY_SECONDS = _env_float("FAKE_MODEL_LATENCY_SECONDS", 0.5)
 ERROR_RATE = _env_float("FAKE_MODEL_ERROR_RATE", 0.0)
 
+JUDGE_SUFFIX = "Answer yes or no."
+
 app = FastAPI(title="Fake OpenAI-compatible model")
+
+
+def _judge(prompt: str) -> str:
+    """'yes' if the prompt's Response line contains its Expected line, else 'no'."""
+    fields = dict(line.split(": ", 1) for line in prompt.splitlines() if ": " in line)
+    expected, response = fields.get("Expected", "").strip(), fields.get("Response", "")
+    return "yes" if expected and expected in response else "no"
 
 
 @app.post("/v1/chat/completions", response_model=ChatCompletion)
@@ -80,12 +92,13 @@ async def chat_completions(request: ChatRequest) -> ChatCompletion | JSONRespons
                  "code": "fake_error"}
         return JSONResponse({"error": error}, status_code=500)
     prompt = request.messages[-1].content
+    answer = _judge(prompt) if prompt.rstrip().endswith(JUDGE_SUFFIX) else prompt
     words = len(prompt.split())
     return ChatCompletion(
         id=f"chatcmpl-{uuid.uuid4().hex[:12]}",
         created=int(time.time()),
         model=request.model,
-        choices=[Choice(index=0, message=ChatMessage(role="assistant", content=prompt))],
+        choices=[Choice(index=0, message=ChatMessage(role="assistant", content=answer))],
         usage=Usage(prompt_tokens=words, completion_tokens=words, total_tokens=2 * words),
     )
 

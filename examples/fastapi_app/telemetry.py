@@ -95,7 +95,7 @@ def _metric_readers(names: list[str]) -> tuple[list[MetricReader], CollectorRegi
 def _tracer_provider(names: list[str], resource: Resource) -> TracerProvider | None:
     if not names:
         return None
-    provider = TracerProvider(resource=resource)
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     for name in names:
         if name == "otlp":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -116,7 +116,9 @@ def configure_telemetry(*, set_global: bool = True) -> Telemetry:
     trace_names = exporter_names("OTEL_TRACES_EXPORTER", TRACE_EXPORTERS, "none")
     resource = build_resource()
     readers, registry = _metric_readers(metric_names)
-    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    # Shut down by the app's lifespan, which flushes the last OTLP points, not at exit.
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers,
+                                   shutdown_on_exit=False)
     tracer_provider = _tracer_provider(trace_names, resource)
     if set_global:
         metrics.set_meter_provider(meter_provider)

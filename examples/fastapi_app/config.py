@@ -1,0 +1,58 @@
+"""The demo's configuration: its own knobs (DEMO_*) and its concurrency limits (a YAML file,
+overridden by GYM_CONCURRENCY_* environment variables)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+from gym_concurrency.middleware import ConcurrencySettings
+from pydantic import Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+DEFAULT_SETTINGS_FILE = Path(__file__).with_name("settings.yaml")
+
+_Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class DemoConfig(BaseSettings):
+    """Where the upstream model is and how long the demo waits for it and for the verifier."""
+
+    model_config = SettingsConfigDict(env_prefix="DEMO_", extra="ignore")
+
+    upstream_base_url: str = "http://127.0.0.1:8001/v1"
+    upstream_api_key: str | None = None
+    upstream_model: str = "fake-model"
+    upstream_timeout_seconds: _Seconds = 30.0
+    verifier_timeout_seconds: _Seconds = 5.0
+    settings_file: Path = DEFAULT_SETTINGS_FILE
+    status_refresh_seconds: _Seconds = 1.0
+
+
+def load_concurrency_settings(path: Path) -> ConcurrencySettings:
+    """The limits in the YAML file at `path`, with GYM_CONCURRENCY_* variables taking precedence."""
+    if not path.is_file():
+        raise FileNotFoundError(f"DEMO_SETTINGS_FILE: no settings file at {path}")
+
+    class FileThenEnvSettings(ConcurrencySettings):
+        model_config = SettingsConfigDict(yaml_file=os.fspath(path))
+
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            # Earlier sources win: the environment overrides the file.
+            return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
+
+    return ConcurrencySettings.model_validate(FileThenEnvSettings().model_dump())
