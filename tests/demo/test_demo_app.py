@@ -38,7 +38,8 @@ def test_a_wrong_answer_gets_reward_zero(stack: tuple[str, int]):
     episode = {"task": {"prompt": "The answer is 41", "expected": "42"}}
     body = httpx.post(f"{url}/run", json=episode, timeout=10).json()
     assert body["result"]["reward"] == 0.0
-    assert body["episode_id"] is None and body["task_id"] is None
+    assert body["episode_id"] is None
+    assert body["task_id"] is None
 
 
 def test_the_proxy_forwards_openai_chat_completions(stack: tuple[str, int]):
@@ -98,12 +99,11 @@ def test_a_verifier_that_runs_too_long_is_killed_and_reports_timeout(stack: tupl
 def test_a_verifier_waiting_past_its_limit_timeout_gets_503(stack: tuple[str, int]):
     url, _ = stack
     slow = {"response": "42", "expected": "42", "work_seconds": 30}
-    with httpx.Client(timeout=20) as client:
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            holder = pool.submit(client.post, f"{url}/verify", json=slow)
-            wait_for(lambda: _limit(url, "verifier")["active"] == 1, 10, "the verifier slot")
-            waiter = client.post(f"{url}/verify", json=slow)
-            assert holder.result().json()["outcome"] == "timeout"
+    with httpx.Client(timeout=20) as client, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        holder = pool.submit(client.post, f"{url}/verify", json=slow)
+        wait_for(lambda: _limit(url, "verifier")["active"] == 1, 10, "the verifier slot")
+        waiter = client.post(f"{url}/verify", json=slow)
+        assert holder.result().json()["outcome"] == "timeout"
     assert waiter.status_code == 503
     assert waiter.headers["retry-after"] == "1"
     assert "verifier limit" in waiter.json()["detail"]
