@@ -77,7 +77,8 @@ async def test_release_hands_the_slot_to_the_waiter_not_a_newcomer() -> None:
     assert sem.locked()
     newcomer = asyncio.create_task(sem.acquire())
     await settle()
-    assert waiter.done() and not newcomer.done()
+    assert waiter.done()
+    assert not newcomer.done()
     assert (sem.active, sem.queue_depth) == (1, 1)
     sem.release()
     await newcomer
@@ -99,7 +100,7 @@ async def test_over_release_raises_and_changes_nothing() -> None:
 async def test_timeout_raises_builtin_timeout_error_and_counts_a_timeout() -> None:
     sem = MeteredSemaphore(1, timeout=0.05)
     await sem.acquire()
-    with pytest.raises(TimeoutError, match="no slot within 0.05 s"):
+    with pytest.raises(TimeoutError, match=r"no slot within 0\.05 s"):
         await sem.acquire()
     assert (sem.admission_timeouts, sem.admission_cancelled, sem.queue_depth) == (1, 0, 0)
     assert sem.active == 1
@@ -261,5 +262,6 @@ async def test_storm_of_timeouts_and_cancellations_keeps_exact_counts() -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
     assert (sem.active, sem.queue_depth, sem.available) == (0, 0, limit)
     assert peak <= limit
-    assert sem.admission_timeouts > 0 and sem.admission_cancelled > 0
+    assert sem.admission_timeouts > 0
+    assert sem.admission_cancelled > 0
     assert admitted + sem.admission_timeouts + sem.admission_cancelled == tasks_n

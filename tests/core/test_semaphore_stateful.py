@@ -73,13 +73,8 @@ class SemaphoreMachine(RuleBasedStateMachine):
     )
     def setup(self, limit: int, timeout: float | None, max_queue: int | None) -> None:
         self.loop = ManualClockLoop()
-        self.sem = self.run(self.make(limit, timeout, max_queue))
+        self.sem = MeteredSemaphore(limit, timeout=timeout, max_queue=max_queue)
         self.attempts: list[Attempt] = []
-
-    async def make(
-        self, limit: int, timeout: float | None, max_queue: int | None
-    ) -> MeteredSemaphore:
-        return MeteredSemaphore(limit, timeout=timeout, max_queue=max_queue)
 
     def run(self, coro):  # type: ignore[no-untyped-def]
         return self.loop.run_until_complete(coro)
