@@ -9,8 +9,23 @@ from typing import Any
 from demo_processes import REPO
 
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "gym-concurrency.json"
-_KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right", "bool",
-                       "and", "or", "unless", "offset", "inf", "nan"})
+_KEYWORDS = frozenset(
+    {
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "bool",
+        "and",
+        "or",
+        "unless",
+        "offset",
+        "inf",
+        "nan",
+    }
+)
 
 
 def load_dashboard() -> dict[str, Any]:
@@ -20,8 +35,11 @@ def load_dashboard() -> dict[str, Any]:
 
 def expressions() -> list[str]:
     """Every panel target's PromQL, with Grafana's $__rate_interval made a literal range."""
-    return [target["expr"].replace("$__rate_interval", "1m")
-            for panel in load_dashboard()["panels"] for target in panel.get("targets", [])]
+    return [
+        target["expr"].replace("$__rate_interval", "1m")
+        for panel in load_dashboard()["panels"]
+        for target in panel.get("targets", [])
+    ]
 
 
 def metric_names(expression: str) -> set[str]:
@@ -31,7 +49,7 @@ def metric_names(expression: str) -> set[str]:
     bare = re.sub(r"\[[^\]]*\]", " ", bare)
     names = set()
     for match in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", bare):
-        followed_by_call = bare[match.end():].lstrip().startswith("(")
+        followed_by_call = bare[match.end() :].lstrip().startswith("(")
         if not followed_by_call and match.group() not in _KEYWORDS:
             names.add(match.group())
     return names

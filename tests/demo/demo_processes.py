@@ -63,8 +63,14 @@ class Process:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         with self.log_path.open("wb") as log:
-            self.popen = subprocess.Popen(argv, env=env, cwd=REPO, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
+            self.popen = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -74,8 +80,9 @@ class Process:
 
         def ready() -> bool:
             if self.popen.poll() is not None:
-                raise AssertionError(f"{self.name} exited with {self.popen.returncode}:\n"
-                                     f"{self.log()[-4000:]}")
+                raise AssertionError(
+                    f"{self.name} exited with {self.popen.returncode}:\n{self.log()[-4000:]}"
+                )
             try:
                 return httpx.get(url, timeout=1.0).status_code == 200
             except httpx.HTTPError:
@@ -102,8 +109,9 @@ def clean_env(**overrides: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def running(name: str, argv: list[str], env: dict[str, str], log_dir: Path,
-            ready_url: str | None = None) -> Iterator[Process]:
+def running(
+    name: str, argv: list[str], env: dict[str, str], log_dir: Path, ready_url: str | None = None
+) -> Iterator[Process]:
     process = Process(name, argv, env, log_dir)
     try:
         if ready_url is not None:
@@ -114,24 +122,41 @@ def running(name: str, argv: list[str], env: dict[str, str], log_dir: Path,
 
 
 def uvicorn_argv(target: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "uvicorn", target, "--host", "127.0.0.1", "--port", str(port),
-            "--log-level", "warning", "--timeout-graceful-shutdown", "5"]
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        target,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--timeout-graceful-shutdown",
+        "5",
+    ]
 
 
 @contextlib.contextmanager
-def fake_model(log_dir: Path, *, latency: float = 0.05,
-               error_rate: float = 0.0) -> Iterator[str]:
+def fake_model(log_dir: Path, *, latency: float = 0.05, error_rate: float = 0.0) -> Iterator[str]:
     """The fake OpenAI-compatible model; yields its base URL (ending in /v1)."""
     port = free_port()
     env = clean_env(FAKE_MODEL_LATENCY_SECONDS=str(latency), FAKE_MODEL_ERROR_RATE=str(error_rate))
-    with running("fake-model", uvicorn_argv("examples.fastapi_app.fake_model:app", port), env,
-                 log_dir, f"http://127.0.0.1:{port}/health"):
+    with running(
+        "fake-model",
+        uvicorn_argv("examples.fastapi_app.fake_model:app", port),
+        env,
+        log_dir,
+        f"http://127.0.0.1:{port}/health",
+    ):
         yield f"http://127.0.0.1:{port}/v1"
 
 
 @contextlib.contextmanager
-def demo(log_dir: Path, upstream: str, *, settings: dict[str, Any] | None = None,
-         **env: str) -> Iterator[tuple[str, Process]]:
+def demo(
+    log_dir: Path, upstream: str, *, settings: dict[str, Any] | None = None, **env: str
+) -> Iterator[tuple[str, Process]]:
     """The demo resources server; yields its base URL and process. `settings` replaces the
     settings file; `env` adds variables (OTEL_*, DEMO_*, GYM_CONCURRENCY_*)."""
     port = free_port()
@@ -141,8 +166,13 @@ def demo(log_dir: Path, upstream: str, *, settings: dict[str, Any] | None = None
         path.write_text(yaml.safe_dump(settings))
         variables["DEMO_SETTINGS_FILE"] = str(path)
     url = f"http://127.0.0.1:{port}"
-    with running("demo", uvicorn_argv("examples.fastapi_app.app:app", port), variables,
-                 log_dir, url + "/concurrency") as process:
+    with running(
+        "demo",
+        uvicorn_argv("examples.fastapi_app.app:app", port),
+        variables,
+        log_dir,
+        url + "/concurrency",
+    ) as process:
         yield url, process
 
 
@@ -152,12 +182,20 @@ def prometheus(log_dir: Path, target: str, *, interval: str = "1s") -> Iterator[
     binary = require_binary("prometheus")
     port = free_port()
     config = log_dir / "prometheus.yml"
-    config.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": interval, "evaluation_interval": interval},
-        "scrape_configs": [{"job_name": "demo", "static_configs": [{"targets": [target]}]}],
-    }))
-    argv = [binary, f"--config.file={config}", f"--storage.tsdb.path={log_dir / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}"]
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": interval, "evaluation_interval": interval},
+                "scrape_configs": [{"job_name": "demo", "static_configs": [{"targets": [target]}]}],
+            }
+        )
+    )
+    argv = [
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={log_dir / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
     with running("prometheus", argv, clean_env(), log_dir, f"http://127.0.0.1:{port}/-/ready"):
         yield f"http://127.0.0.1:{port}"
 
@@ -165,7 +203,8 @@ def prometheus(log_dir: Path, target: str, *, interval: str = "1s") -> Iterator[
 def example_settings(**route_changes: dict[str, Any]) -> dict[str, Any]:
     """The demo's settings.yaml as a mapping, with some limits changed by limit_name."""
     settings: dict[str, Any] = yaml.safe_load(
-        (REPO / "examples" / "fastapi_app" / "settings.yaml").read_text())
+        (REPO / "examples" / "fastapi_app" / "settings.yaml").read_text()
+    )
     for entry in [*settings["routes"], *settings.get("operations", [])]:
         entry.update(route_changes.get(entry["limit_name"], {}))
     return settings

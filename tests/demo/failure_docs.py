@@ -31,9 +31,14 @@ def documented_bodies() -> list[dict[str, Any]]:
 def same_shape(documented: Any, actual: Any) -> bool:
     """Same keys at every level, and the same values except where they vary per request."""
     if isinstance(documented, dict):
-        return (isinstance(actual, dict) and documented.keys() == actual.keys()
-                and all(key in _VARYING_KEYS or same_shape(documented[key], actual[key])
-                        for key in documented))
+        return (
+            isinstance(actual, dict)
+            and documented.keys() == actual.keys()
+            and all(
+                key in _VARYING_KEYS or same_shape(documented[key], actual[key])
+                for key in documented
+            )
+        )
     return bool(documented == actual)
 
 

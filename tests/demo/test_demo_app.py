@@ -10,8 +10,10 @@ import httpx
 import pytest
 from demo_processes import demo, example_settings, fake_model, free_port, wait_for
 
-EPISODE = {"episode_id": "e-1", "task": {"task_id": "t-1", "prompt": "The answer is 42",
-                                         "expected": "42"}}
+EPISODE = {
+    "episode_id": "e-1",
+    "task": {"task_id": "t-1", "prompt": "The answer is 42", "expected": "42"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -19,9 +21,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]
     """(demo URL, demo pid): one verifier at a time, waits 0.5 s for it, killed after 1 s."""
     logs = tmp_path_factory.mktemp("demo-app")
     settings = example_settings(verifier={"max_concurrent": 1, "timeout_seconds": 0.5})
-    with fake_model(logs, error_rate=0.0) as upstream, \
-            demo(logs, upstream, settings=settings, DEMO_VERIFIER_TIMEOUT_SECONDS="1") as (
-                url, process):
+    with (
+        fake_model(logs, error_rate=0.0) as upstream,
+        demo(logs, upstream, settings=settings, DEMO_VERIFIER_TIMEOUT_SECONDS="1") as (
+            url,
+            process,
+        ),
+    ):
         yield url, process.popen.pid
 
 
@@ -29,8 +35,12 @@ def test_an_episode_succeeds_with_the_reward_and_ids_of_its_request(stack: tuple
     url, _ = stack
     response = httpx.post(f"{url}/run", json=EPISODE, timeout=10)
     assert response.status_code == 200
-    assert response.json() == {"episode_id": "e-1", "task_id": "t-1", "failure": None,
-                               "result": {"reward": 1.0, "response": "The answer is 42"}}
+    assert response.json() == {
+        "episode_id": "e-1",
+        "task_id": "t-1",
+        "failure": None,
+        "result": {"reward": 1.0, "response": "The answer is 42"},
+    }
 
 
 def test_a_wrong_answer_gets_reward_zero(stack: tuple[str, int]):
@@ -47,8 +57,10 @@ def test_the_proxy_forwards_openai_chat_completions(stack: tuple[str, int]):
     request = {"model": "fake-model", "messages": [{"role": "user", "content": "hello there"}]}
     response = httpx.post(f"{url}/v1/chat/completions", json=request, timeout=10)
     assert response.status_code == 200
-    assert response.json()["choices"][0]["message"] == {"role": "assistant",
-                                                        "content": "hello there"}
+    assert response.json()["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "hello there",
+    }
 
 
 def test_the_upstream_errors_pass_through_the_proxy(stack: tuple[str, int]):
@@ -89,8 +101,12 @@ def test_a_verifier_that_runs_too_long_is_killed_and_reports_timeout(stack: tupl
         wait_for(lambda: _verifier_processes(pid), 10, "the verifier process to start")
         response = pending.result()
     assert response.status_code == 200
-    assert response.json() == {"outcome": "timeout", "reward": 0.0, "matched": False,
-                               "detail": "verifier did not finish within 1 s"}
+    assert response.json() == {
+        "outcome": "timeout",
+        "reward": 0.0,
+        "matched": False,
+        "detail": "verifier did not finish within 1 s",
+    }
     assert _verifier_processes(pid) == []
     fast = httpx.post(f"{url}/verify", json={"response": "42", "expected": "42"}, timeout=10)
     assert fast.json() == {"outcome": "ok", "reward": 1.0, "matched": True, "detail": None}
@@ -120,8 +136,9 @@ def test_bad_input_is_rejected_naming_the_field_and_leaks_no_slot(stack: tuple[s
     response = httpx.post(f"{url}/run", json={"task": {"prompt": "x"}}, timeout=10)
     assert response.status_code == 422
     assert response.json()["detail"][0]["loc"] == ["body", "task", "expected"]
-    not_json = httpx.post(f"{url}/run", content=b"{oops", timeout=10,
-                          headers={"content-type": "application/json"})
+    not_json = httpx.post(
+        f"{url}/run", content=b"{oops", timeout=10, headers={"content-type": "application/json"}
+    )
     assert not_json.status_code == 422
     assert _limit(url, "episodes")["active"] == 0
 
@@ -130,19 +147,22 @@ def test_the_status_view_lists_every_configured_limit(stack: tuple[str, int]):
     url, _ = stack
     snapshot = httpx.get(f"{url}/concurrency", timeout=5).json()
     names = {row["limit_name"]: row for row in snapshot["limits"]}
-    assert set(names) == {"episodes", "upstream_requests", "verify_requests", "verifier",
-                          "judge"}
+    assert set(names) == {"episodes", "upstream_requests", "verify_requests", "verifier", "judge"}
     assert names["episodes"]["limit"] == 8
     assert names["episodes"]["component"] == "demo_resources_server"
     assert {(op["operation"], op["executor"]) for op in snapshot["operations"]} >= {
-        ("verify", "subprocess"), ("judge", "inline")}
+        ("verify", "subprocess"),
+        ("judge", "inline"),
+    }
 
 
 def test_metrics_are_served_for_prometheus(stack: tuple[str, int]):
     url, _ = stack
     text = httpx.get(f"{url}/metrics", timeout=5).text
-    assert 'gym_concurrency_limit{nemo_gym_concurrency_component="demo_resources_server"' \
-           ',nemo_gym_concurrency_limit_name="episodes",nemo_gym_server_name="demo"' in text
+    assert (
+        'gym_concurrency_limit{nemo_gym_concurrency_component="demo_resources_server"'
+        ',nemo_gym_concurrency_limit_name="episodes",nemo_gym_server_name="demo"' in text
+    )
     assert "http_server_request_duration_seconds_count{" in text
     assert 'service_name="gym-concurrency-demo"' in text  # target_info: the resource
 

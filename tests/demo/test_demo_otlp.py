@@ -18,14 +18,26 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-EPISODE = {"episode_id": "e-1", "task": {"task_id": "t-1", "prompt": "The answer is 42",
-                                         "expected": "42"}}
-CONCURRENCY = {"gym.concurrency.limit", "gym.concurrency.active", "gym.concurrency.available",
-               "gym.concurrency.queue_depth", "gym.concurrency.admission_timeouts_total",
-               "gym.concurrency.admission_cancelled_total",
-               "gym.concurrency.admission_shed_total", "gym.concurrency.queue_wait_duration_ms"}
-OPERATIONS = {"gym.resources.operation.queue_duration_ms", "gym.resources.operation.duration_ms",
-              "gym.resources.operation.queued", "gym.resources.operation.active"}
+EPISODE = {
+    "episode_id": "e-1",
+    "task": {"task_id": "t-1", "prompt": "The answer is 42", "expected": "42"},
+}
+CONCURRENCY = {
+    "gym.concurrency.limit",
+    "gym.concurrency.active",
+    "gym.concurrency.available",
+    "gym.concurrency.queue_depth",
+    "gym.concurrency.admission_timeouts_total",
+    "gym.concurrency.admission_cancelled_total",
+    "gym.concurrency.admission_shed_total",
+    "gym.concurrency.queue_wait_duration_ms",
+}
+OPERATIONS = {
+    "gym.resources.operation.queue_duration_ms",
+    "gym.resources.operation.duration_ms",
+    "gym.resources.operation.queued",
+    "gym.resources.operation.active",
+}
 
 
 class OtlpReceiver:
@@ -76,12 +88,16 @@ class OtlpReceiver:
                         kind = metric.WhichOneof("data")
                         for point in getattr(metric, kind).data_points:
                             found.setdefault(metric.name, []).append(
-                                (_attributes(point.attributes), point))
+                                (_attributes(point.attributes), point)
+                            )
         return found
 
     def resources(self) -> list[dict[str, Any]]:
-        return [_attributes(rm.resource.attributes) for request in list(self.requests)
-                for rm in request.resource_metrics]
+        return [
+            _attributes(rm.resource.attributes)
+            for request in list(self.requests)
+            for rm in request.resource_metrics
+        ]
 
 
 def _attributes(key_values: Any) -> dict[str, Any]:
@@ -95,15 +111,20 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 
 def otlp_env(endpoint: str) -> dict[str, str]:
-    return {"OTEL_METRICS_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-            "OTEL_METRIC_EXPORT_INTERVAL": "300", "OTEL_EXPORTER_OTLP_TIMEOUT": "2",
-            "OTEL_SERVICE_NAME": "otlp-test-demo"}
+    return {
+        "OTEL_METRICS_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_METRIC_EXPORT_INTERVAL": "300",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "2",
+        "OTEL_SERVICE_NAME": "otlp-test-demo",
+    }
 
 
-def test_the_demo_exports_every_gym_instrument_over_otlp(tmp_path: Path,
-                                                         receiver: OtlpReceiver):
-    with fake_model(tmp_path) as upstream, \
-            demo(tmp_path, upstream, **otlp_env(receiver.url)) as (url, _):
+def test_the_demo_exports_every_gym_instrument_over_otlp(tmp_path: Path, receiver: OtlpReceiver):
+    with (
+        fake_model(tmp_path) as upstream,
+        demo(tmp_path, upstream, **otlp_env(receiver.url)) as (url, _),
+    ):
         assert httpx.post(f"{url}/run", json=EPISODE, timeout=10).json()["failure"] is None
         judged = httpx.post(f"{url}/judge", json={"response": "42", "expected": "42"}, timeout=10)
         assert judged.status_code == 200
@@ -111,17 +132,32 @@ def test_the_demo_exports_every_gym_instrument_over_otlp(tmp_path: Path,
         wanted = CONCURRENCY | OPERATIONS | {"http.server.request.duration"}
         wait_for(lambda: wanted <= set(receiver.points()), 15, "every instrument over OTLP")
     points = receiver.points()
-    limits = {attrs["nemo.gym.concurrency.limit_name"]: point.as_int
-              for attrs, point in points["gym.concurrency.limit"]}
-    assert limits == {"episodes": 8, "upstream_requests": 16, "verify_requests": 32,
-                      "verifier": 2, "judge": 4}
-    outcomes = {(attrs["nemo.gym.resources.operation"], attrs["nemo.gym.resources.executor"],
-                 attrs["nemo.gym.resources.operation.outcome"])
-                for attrs, point in points["gym.resources.operation.duration_ms"]
-                if point.count > 0}
+    limits = {
+        attrs["nemo.gym.concurrency.limit_name"]: point.as_int
+        for attrs, point in points["gym.concurrency.limit"]
+    }
+    assert limits == {
+        "episodes": 8,
+        "upstream_requests": 16,
+        "verify_requests": 32,
+        "verifier": 2,
+        "judge": 4,
+    }
+    outcomes = {
+        (
+            attrs["nemo.gym.resources.operation"],
+            attrs["nemo.gym.resources.executor"],
+            attrs["nemo.gym.resources.operation.outcome"],
+        )
+        for attrs, point in points["gym.resources.operation.duration_ms"]
+        if point.count > 0
+    }
     assert outcomes == {("verify", "subprocess", "ok"), ("judge", "inline", "ok")}
-    admitted = [point for attrs, point in points["gym.concurrency.queue_wait_duration_ms"]
-                if attrs.get("nemo.gym.concurrency.admission_outcome") == "admitted"]
+    admitted = [
+        point
+        for attrs, point in points["gym.concurrency.queue_wait_duration_ms"]
+        if attrs.get("nemo.gym.concurrency.admission_outcome") == "admitted"
+    ]
     assert admitted
     assert set(receiver.paths) == {"/v1/metrics"}  # metrics only: traces are off by default
     resource = receiver.resources()[0]
@@ -132,11 +168,14 @@ def test_the_demo_exports_every_gym_instrument_over_otlp(tmp_path: Path,
 def test_an_unreachable_collector_never_reaches_a_request(tmp_path: Path):
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     settings = example_settings(episodes={"max_concurrent": 2})
-    with fake_model(tmp_path) as upstream, \
-            demo(tmp_path, upstream, settings=settings, **otlp_env(endpoint)) as (url, process):
+    with (
+        fake_model(tmp_path) as upstream,
+        demo(tmp_path, upstream, settings=settings, **otlp_env(endpoint)) as (url, process),
+    ):
         for _ in range(10):
             response = httpx.post(f"{url}/run", json=EPISODE, timeout=10)
             assert response.status_code == 200
             assert response.json()["failure"] is None
-        wait_for(lambda: "exporting metrics batch" in process.log(), 15,
-                 "the SDK to log a failed export")
+        wait_for(
+            lambda: "exporting metrics batch" in process.log(), 15, "the SDK to log a failed export"
+        )

@@ -36,9 +36,22 @@ def reaches(prometheus_url: str, promql: str, expected: float) -> bool:
 
 def load(base_url: str, path: str, requests: int) -> subprocess.Popen[str]:
     """The demo's own bounded load script, flooding `path` with `requests` at once."""
-    argv = [sys.executable, "-m", "examples.fastapi_app.load", "--base-url", base_url,
-            "--path", path, "--requests", str(requests), "--concurrency", str(requests),
-            "--deadline", "30", "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "examples.fastapi_app.load",
+        "--base-url",
+        base_url,
+        "--path",
+        path,
+        "--requests",
+        str(requests),
+        "--concurrency",
+        str(requests),
+        "--deadline",
+        "30",
+        "--json",
+    ]
     return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, text=True)
 
 
@@ -59,18 +72,27 @@ def overloaded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         upstream_requests={"max_concurrent": 2, "queue_timeout_seconds": 2.5, "max_queue": 2},
         verify_requests={"max_concurrent": 1, "queue_timeout_seconds": 2.5, "max_queue": 0},
     )
-    with fake_model(logs, latency=1.0) as upstream, \
-            demo(logs, upstream, settings=settings) as (url, _), \
-            prometheus(logs, url.removeprefix("http://")) as prom:
+    with (
+        fake_model(logs, latency=1.0) as upstream,
+        demo(logs, upstream, settings=settings) as (url, _),
+        prometheus(logs, url.removeprefix("http://")) as prom,
+    ):
         wait_for(lambda: reaches(prom, 'up{job="demo"}', 1.0), 20, "the first scrape")
         episodes = load(url, "/run", 24)
         chats = load(url, "/v1/chat/completions", 12)
         slow_verify = {"response": "42", "expected": "42", "work_seconds": 1.0}
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
-            verifies = list(pool.map(
-                lambda _: httpx.post(f"{url}/verify", json=slow_verify, timeout=20), range(6)))
-        yield {"prometheus": prom, "episodes": summary_of(episodes),
-               "chats": summary_of(chats), "verifies": verifies}
+            verifies = list(
+                pool.map(
+                    lambda _: httpx.post(f"{url}/verify", json=slow_verify, timeout=20), range(6)
+                )
+            )
+        yield {
+            "prometheus": prom,
+            "episodes": summary_of(episodes),
+            "chats": summary_of(chats),
+            "verifies": verifies,
+        }
 
 
 def test_the_episode_flood_timed_out_in_admission(overloaded: dict[str, Any]):
@@ -94,11 +116,16 @@ def test_prometheus_saw_the_limit_full_and_the_queue_deep(overloaded: dict[str, 
 def test_prometheus_counts_every_admission_timeout_the_clients_got(overloaded: dict[str, Any]):
     prom = overloaded["prometheus"]
     timeouts = overloaded["episodes"]["counts"][LOAD_TIMEOUT]
-    wait_for(lambda: reaches(prom, f"gym_concurrency_admission_timeouts_total{EPISODES}",
-                             timeouts), 15, f"{timeouts} timeouts in Prometheus")
-    waits = ('gym_concurrency_queue_wait_duration_ms_milliseconds_count{'
-             'nemo_gym_concurrency_limit_name="episodes",'
-             'nemo_gym_concurrency_admission_outcome="timeout"}')
+    wait_for(
+        lambda: reaches(prom, f"gym_concurrency_admission_timeouts_total{EPISODES}", timeouts),
+        15,
+        f"{timeouts} timeouts in Prometheus",
+    )
+    waits = (
+        "gym_concurrency_queue_wait_duration_ms_milliseconds_count{"
+        'nemo_gym_concurrency_limit_name="episodes",'
+        'nemo_gym_concurrency_admission_outcome="timeout"}'
+    )
     assert query(prom, waits) == timeouts
     # Each timed-out wait lasted the 2.5 s timeout (generous bounds: scheduling only adds).
     mean_wait = query(prom, waits.replace("_count", "_sum")) / timeouts  # type: ignore[operator]
@@ -121,8 +148,11 @@ def test_the_failure_bodies_are_the_documented_ones(overloaded: dict[str, Any]):
     episode = overloaded["episodes"]["samples"][LOAD_TIMEOUT]
     chat = overloaded["chats"]["samples"][LOAD_QUEUE_FULL]
     problem = next(r for r in overloaded["verifies"] if r.status_code == 503)
-    assert episode["body"]["failure"] == {"failure_reason": "Episode admission timed out",
-                                          "terminal": False, "stage": "admission"}
+    assert episode["body"]["failure"] == {
+        "failure_reason": "Episode admission timed out",
+        "terminal": False,
+        "stage": "admission",
+    }
     assert episode["body"]["episode_id"].startswith("episode-")
     assert episode["body"]["task_id"].startswith("task-")
     assert chat["status"] == 503
@@ -132,8 +162,9 @@ def test_the_failure_bodies_are_the_documented_ones(overloaded: dict[str, Any]):
     assert problem.headers["retry-after"] == "3"
     assert problem.json()["limit_name"] == "verify_requests"
     for body in (episode["body"], chat["body"], problem.json()):
-        assert matching_documented_body(body) is not None, \
+        assert matching_documented_body(body) is not None, (
             f"not in docs/failure-responses.md: {body}"
+        )
 
 
 def test_every_metric_the_dashboard_reads_is_in_prometheus(overloaded: dict[str, Any]):

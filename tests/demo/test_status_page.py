@@ -1,0 +1,109 @@
+"""The status page in headless Chromium: it renders a bar per limit, shows a saturated limit
+as full, and refreshes itself when the limit's state changes."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from chromium import Chromium
+from demo_processes import wait_for
+from gym_concurrency.middleware.status import ConcurrencyStatusView
+from servers import UvicornServer
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from gym_concurrency import MeteredSemaphore
+
+COMPONENT = f"page-test-{uuid.uuid4().hex[:8]}"
+LIMIT_STATE = f"""[...document.querySelectorAll('.limit')]
+    .filter(e => e.dataset.component === '{COMPONENT}')
+    .map(e => ({{name: e.dataset.limitName, state: e.dataset.state, active: e.dataset.active,
+                 queued: e.dataset.queueDepth, text: e.innerText}}))"""
+
+
+class Limits:
+    """Semaphores the test fills and empties through HTTP, on the server's own event loop."""
+
+    def __init__(self) -> None:
+        self.episodes = MeteredSemaphore(3, component=COMPONENT, limit_name="episodes",
+                                         timeout=60)
+        self.hostile = MeteredSemaphore(1, component=COMPONENT, limit_name="<b>bold</b>")
+        self.held = 0
+        self.waiters: list[asyncio.Task[Any]] = []
+
+    async def fill(self, request: Request) -> PlainTextResponse:
+        while self.episodes.available:
+            await self.episodes.acquire()
+            self.held += 1
+        self.waiters += [asyncio.create_task(self.episodes.acquire()) for _ in range(2)]
+        await asyncio.sleep(0)
+        return PlainTextResponse("full")
+
+    async def empty(self, request: Request) -> PlainTextResponse:
+        for waiter in self.waiters:
+            waiter.cancel()
+        await asyncio.gather(*self.waiters, return_exceptions=True)
+        self.waiters.clear()
+        for _ in range(self.held):
+            self.episodes.release()
+        self.held = 0
+        return PlainTextResponse("empty")
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    limits = Limits()
+    app = Starlette(routes=[
+        Route("/concurrency", ConcurrencyStatusView(title="Demo limits")),
+        Route("/fill", limits.fill, methods=["POST"]),
+        Route("/empty", limits.empty, methods=["POST"]),
+    ])
+    with UvicornServer(app) as running:
+        yield running.url
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_the_page_shows_a_full_limit_and_refreshes_when_it_empties(server: str,
+                                                                   tmp_path: Path):
+    httpx.post(f"{server}/fill", timeout=5)
+    with Chromium(tmp_path) as browser:
+        browser.navigate(f"{server}/concurrency?refresh=0.3")
+        shown = {row["name"]: row for row in browser.evaluate(LIMIT_STATE)}
+        assert shown["episodes"]["state"] == "full"
+        assert shown["episodes"]["active"] == "3"
+        assert shown["episodes"]["queued"] == "2"
+        assert "FULL" in shown["episodes"]["text"]
+        assert "active 3 / limit 3, available 0, queued 2" in shown["episodes"]["text"]
+        # A limit name is text, never markup.
+        assert shown["<b>bold</b>"]["state"] == "idle"
+        assert browser.evaluate("document.querySelectorAll('#limits b').length") == 0
+        bar = browser.evaluate(
+            "document.querySelector('.limit[data-state=full] .fill').style.width")
+        assert bar == "100%"
+        width, height = png_size(browser.screenshot(tmp_path / "full.png"))
+        assert width == 900
+        assert height > 300
+
+        httpx.post(f"{server}/empty", timeout=5)
+
+        def emptied() -> bool:
+            rows = {row["name"]: row for row in browser.evaluate(LIMIT_STATE)}
+            return rows["episodes"]["state"] == "idle" and rows["episodes"]["queued"] == "0"
+
+        wait_for(emptied, 10, "the page to show the emptied limit")
+        assert "updated" in browser.evaluate("document.getElementById('updated').textContent")
+        browser.screenshot(tmp_path / "idle.png")

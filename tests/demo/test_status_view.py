@@ -1,0 +1,130 @@
+"""The status view's JSON snapshot and content negotiation, in process (no browser)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+from gym_concurrency.middleware.status import ConcurrencyStatusView
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from gym_concurrency import MeteredSemaphore, QueueFullError, resources_operation
+
+
+def client_for(view: ConcurrencyStatusView) -> httpx.AsyncClient:
+    app = Starlette(routes=[Route("/concurrency", view)])
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+def rows(snapshot: dict[str, Any], component: str) -> dict[str, dict[str, Any]]:
+    return {row["limit_name"]: row for row in snapshot["limits"]
+            if row["component"] == component}
+
+
+@pytest.fixture
+def component() -> str:
+    """A component name no other test's semaphores use (the registry is process-wide)."""
+    return f"status-test-{uuid.uuid4().hex[:8]}"
+
+
+async def test_the_snapshot_shows_each_limit_full_with_its_queue_and_failures(component: str):
+    episodes = MeteredSemaphore(2, component=component, limit_name="episodes", timeout=0.01,
+                                max_queue=1)
+    await episodes.acquire()
+    await episodes.acquire()
+    with pytest.raises(TimeoutError):
+        await episodes.acquire()
+    waiter = asyncio.create_task(episodes.acquire())
+    await asyncio.sleep(0)
+    with pytest.raises(QueueFullError):
+        await episodes.acquire()
+    async with client_for(ConcurrencyStatusView()) as client:
+        response = await client.get("/concurrency")
+    waiter.cancel()
+    assert response.headers["cache-control"] == "no-store"
+    assert rows(response.json(), component) == {"episodes": {
+        "component": component, "limit_name": "episodes", "server": None, "limit": 2,
+        "active": 2, "available": 0, "queue_depth": 1, "timeouts": 1, "cancelled": 0,
+        "shed": 1, "timeout_seconds": 0.01, "max_queue": 1}}
+
+
+async def test_semaphores_with_the_same_names_are_one_limit(component: str):
+    first = MeteredSemaphore(2, component=component, limit_name="judge", server="a")
+    second = MeteredSemaphore(3, component=component, limit_name="judge", server="a")
+    other = MeteredSemaphore(1, component=component, limit_name="judge", server="b")
+    await first.acquire()
+    await second.acquire()
+    async with client_for(ConcurrencyStatusView()) as client:
+        snapshot = (await client.get("/concurrency?format=json")).json()
+    judged = [row for row in snapshot["limits"] if row["component"] == component]
+    by_server = {row["server"]: (row["limit"], row["active"]) for row in judged}
+    assert by_server == {"a": (5, 2), "b": (1, 0)}
+    assert other.limit == 1  # keeps `other` alive until the snapshot was taken
+
+
+async def test_operations_show_how_many_wait_and_run(metrics: Any, component: str):
+    limit = MeteredSemaphore(1, component=component, limit_name="tools")
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def tool() -> None:
+        async with resources_operation(limit, "tool", "thread", meter_provider=metrics.provider):
+            entered.set()
+            await release.wait()
+
+    tasks = [asyncio.create_task(tool()) for _ in range(3)]
+    await entered.wait()
+    await asyncio.sleep(0)
+    async with client_for(ConcurrencyStatusView()) as client:
+        snapshot = (await client.get("/concurrency")).json()
+    release.set()
+    await asyncio.gather(*tasks)
+    assert {"operation": "tool", "executor": "thread", "queued": 2, "active": 1} in \
+        snapshot["operations"]
+
+
+async def test_a_browser_gets_the_page_and_everyone_else_json():
+    async with client_for(ConcurrencyStatusView(title="Demo <limits>")) as client:
+        page = await client.get("/concurrency", headers={"accept": "text/html,*/*"})
+        forced = await client.get("/concurrency?format=json", headers={"accept": "text/html"})
+        curl = await client.get("/concurrency", headers={"accept": "*/*"})
+        head = await client.head("/concurrency")
+    assert page.headers["content-type"].startswith("text/html")
+    assert "<title>Demo &lt;limits&gt;</title>" in page.text
+    assert "const REFRESH_MS = 1000;" in page.text
+    assert forced.headers["content-type"] == "application/json"
+    assert curl.headers["content-type"] == "application/json"
+    assert head.status_code == 200
+
+
+async def test_no_limit_name_can_end_the_embedded_snapshot_early(component: str):
+    hostile = MeteredSemaphore(1, component=component, limit_name="</script><b>x</b>")
+    async with client_for(ConcurrencyStatusView()) as client:
+        page = (await client.get("/concurrency?format=html")).text
+    assert "</script><b>" not in page
+    assert "\\u003c/script>\\u003cb>x\\u003c/b>" in page
+    assert hostile.limit == 1
+
+
+@pytest.mark.parametrize(("request_line", "status", "message"), [
+    ("POST /concurrency", 405, "Method Not Allowed"),
+    ("GET /concurrency?format=xml", 400, "format must be json or html, got 'xml'"),
+    ("GET /concurrency?format=html&refresh=0", 400, "refresh must be a number of seconds"),
+    ("GET /concurrency?format=html&refresh=soon", 400, "got 'soon'"),
+])
+async def test_bad_requests_are_refused_naming_what_was_wrong(request_line: str, status: int,
+                                                              message: str):
+    method, target = request_line.split(" ")
+    async with client_for(ConcurrencyStatusView()) as client:
+        response = await client.request(method, target)
+    assert response.status_code == status
+    assert message in response.text
+
+
+def test_a_refresh_interval_out_of_bounds_is_refused_at_construction():
+    with pytest.raises(ValueError, match=r"refresh_seconds must be between 0\.2 and 3600"):
+        ConcurrencyStatusView(refresh_seconds=0.01)
