@@ -18,7 +18,7 @@ try:  # The proxy stands in for the global provider until the application sets o
 except ImportError:  # pragma: no cover - a future API that moved it
     _ProxyMeterProvider = NoOpMeterProvider  # type: ignore[misc,assignment]
 
-_VERSION = "0.1.0"
+SCOPE_VERSION = "0.1.0"
 _METERS: weakref.WeakKeyDictionary[MeterProvider, Meter] = weakref.WeakKeyDictionary()
 
 
@@ -36,7 +36,7 @@ def meter_for(provider: MeterProvider) -> Meter:
     """The project's meter on `provider`, made once per provider."""
     meter = _METERS.get(provider)
     if meter is None:
-        meter = _METERS[provider] = provider.get_meter(METER_NAME, _VERSION)
+        meter = _METERS[provider] = provider.get_meter(METER_NAME, SCOPE_VERSION)
     return meter
 
 

@@ -18,7 +18,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
 from . import names
-from .meters import meter_for
+from .meters import SCOPE_VERSION, meter_for
 
 if TYPE_CHECKING:
     from .semaphore import MeteredSemaphore
@@ -79,7 +79,7 @@ def _observe_global() -> None:
         if _global_instruments is None:
             # The API's get_meter returns a proxy until an SDK provider is set, and the proxy
             # re-creates these instruments (callbacks included) on that provider once it is.
-            meter = metrics.get_meter(names.METER_NAME)
+            meter = metrics.get_meter(names.METER_NAME, SCOPE_VERSION)
             _global_instruments = _create_instruments(meter)
 
 
