@@ -1,0 +1,53 @@
+"""./scripts/demo, the README's "start the demo" command: it installs, starts the fake model and
+the demo, serves an episode, and leaves nothing running when it is stopped."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from demo_processes import REPO, clean_env, free_port, wait_for
+
+EPISODE = {"episode_id": "e1", "task": {"task_id": "t1", "prompt": "The answer is 42",
+                                        "expected": "42"}}
+
+
+def refused(url: str) -> bool:
+    try:
+        httpx.get(url, timeout=1)
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+def test_the_demo_script_serves_an_episode_and_cleans_up(tmp_path: Path, stop_signal: int):
+    demo_port, model_port = free_port(), free_port()
+    env = clean_env(PYTHON=sys.executable, VENV=sys.prefix, DEMO_PORT=str(demo_port),
+                    FAKE_MODEL_PORT=str(model_port))
+    log = (tmp_path / "demo-script.log").open("wb")
+    script = subprocess.Popen([str(REPO / "scripts" / "demo")], cwd=tmp_path, env=env,
+                              stdout=log, stderr=subprocess.STDOUT)
+    demo, model = f"http://127.0.0.1:{demo_port}", f"http://127.0.0.1:{model_port}"
+    try:
+        wait_for(lambda: script.poll() is not None or not refused(f"{demo}/concurrency"), 60,
+                 "the demo to start")
+        assert script.poll() is None, (tmp_path / "demo-script.log").read_text()
+        response = httpx.post(f"{demo}/run", json=EPISODE, timeout=10)
+        assert response.json()["result"]["reward"] == 1.0
+        assert httpx.get(f"{model}/health", timeout=5).status_code == 200
+        script.send_signal(stop_signal)
+        assert script.wait(timeout=20) == 128 + stop_signal
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait()
+        log.close()
+    assert refused(f"{demo}/concurrency")
+    assert refused(f"{model}/health")
+    output = (tmp_path / "demo-script.log").read_text()
+    assert f"status:   http://127.0.0.1:{demo_port}/concurrency" in output
