@@ -101,6 +101,23 @@ class Process:
                 self.popen.wait(timeout=5)
 
 
+def verifier_processes(parent: int) -> list[int]:
+    """pids of verifier.py processes whose parent is `parent` (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        # stat is "pid (command) state ppid ..."; the command may hold spaces and parentheses.
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"verifier.py" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
 def clean_env(**overrides: str) -> dict[str, str]:
     """This process's environment without the demo's knobs, plus `overrides`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_PREFIXES)}

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from demo_processes import demo, example_settings, fake_model, free_port, wait_for
+from demo_processes import (
+    demo,
+    example_settings,
+    fake_model,
+    free_port,
+    verifier_processes,
+    wait_for,
+)
 
 EPISODE = {
     "episode_id": "e-1",
@@ -77,28 +84,12 @@ def test_the_judge_answers_through_the_upstream_model(stack: tuple[str, int]):
     assert no.json()["verdict"] is False
 
 
-def _verifier_processes(parent: int) -> list[int]:
-    """pids of verifier.py processes whose parent is `parent` (read from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"verifier.py" in cmdline:
-            found.append(int(entry.name))
-    return found
-
-
 def test_a_verifier_that_runs_too_long_is_killed_and_reports_timeout(stack: tuple[str, int]):
     url, pid = stack
     slow = {"response": "42", "expected": "42", "work_seconds": 30}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(httpx.post, f"{url}/verify", json=slow, timeout=20)
-        wait_for(lambda: _verifier_processes(pid), 10, "the verifier process to start")
+        wait_for(lambda: verifier_processes(pid), 10, "the verifier process to start")
         response = pending.result()
     assert response.status_code == 200
     assert response.json() == {
@@ -107,7 +98,7 @@ def test_a_verifier_that_runs_too_long_is_killed_and_reports_timeout(stack: tupl
         "matched": False,
         "detail": "verifier did not finish within 1 s",
     }
-    assert _verifier_processes(pid) == []
+    assert verifier_processes(pid) == []
     fast = httpx.post(f"{url}/verify", json={"response": "42", "expected": "42"}, timeout=10)
     assert fast.json() == {"outcome": "ok", "reward": 1.0, "matched": True, "detail": None}
 
