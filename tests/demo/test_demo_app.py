@@ -169,3 +169,20 @@ def test_an_unreachable_upstream_is_a_failure_row_and_a_502(tmp_path: Path):
     assert episode["failure"]["failure_reason"].startswith("upstream model unreachable")
     assert proxied.status_code == 502
     assert proxied.json()["error"]["code"] == "upstream_unavailable"
+
+
+def test_a_failing_model_is_a_failure_row_a_passed_through_500_and_a_judge_502(tmp_path: Path):
+    request = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+    with fake_model(tmp_path, error_rate=1.0) as upstream, demo(tmp_path, upstream) as (url, _):
+        episode = httpx.post(f"{url}/run", json=EPISODE, timeout=10).json()
+        proxied = httpx.post(f"{url}/v1/chat/completions", json=request, timeout=10)
+        judged = httpx.post(f"{url}/judge", json={"response": "42", "expected": "42"},
+                            timeout=10)
+        snapshot = httpx.get(f"{url}/concurrency", timeout=5).json()
+    assert episode["failure"] == {"failure_reason": "upstream model answered 500",
+                                  "terminal": False, "stage": "model"}
+    assert proxied.status_code == 500
+    assert proxied.json()["error"]["code"] == "fake_error"
+    assert judged.status_code == 502
+    assert judged.json() == {"detail": "upstream model answered 500"}
+    assert all(row["active"] == 0 for row in snapshot["limits"])  # every slot came back
