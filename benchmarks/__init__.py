@@ -1,0 +1,1 @@
+"""Ratio benchmarks (not part of the test run): `python -m benchmarks.core [--quick]`."""
