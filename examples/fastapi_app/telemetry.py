@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -41,7 +41,6 @@ class Telemetry:
     meter_provider: MeterProvider
     tracer_provider: TracerProvider | None
     prometheus_registry: CollectorRegistry | None
-    exporters: list[str] = field(default_factory=list)
 
     def shutdown(self) -> None:
         """Flush and stop every reader and span processor (pending OTLP points are sent)."""
@@ -124,4 +123,4 @@ def configure_telemetry(*, set_global: bool = True) -> Telemetry:
         metrics.set_meter_provider(meter_provider)
         if tracer_provider is not None:
             trace.set_tracer_provider(tracer_provider)
-    return Telemetry(meter_provider, tracer_provider, registry, metric_names + trace_names)
+    return Telemetry(meter_provider, tracer_provider, registry)
