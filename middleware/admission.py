@@ -25,11 +25,15 @@ from .queue_wait import QueueWaitRecorder, record
 from .routing import RouteTable, UnknownRouteError, describe_routes
 from .settings import ConcurrencySettings
 
-__all__ = ["ConcurrencyLimitMiddleware"]
+__all__ = ["ConcurrencyConfigError", "ConcurrencyLimitMiddleware"]
 
 _log = logging.getLogger("gym_concurrency.middleware")
 Outcome = Literal["admitted", "timeout", "shed", "cancelled"]
 _TRY_AGAIN_LATER = 1013  # websocket close code
+
+
+class ConcurrencyConfigError(RuntimeError):
+    """The settings do not fit the app: a configured path, method or operation name is missing."""
 
 
 class ConcurrencyLimitMiddleware:
@@ -80,7 +84,8 @@ class ConcurrencyLimitMiddleware:
         message = await receive()
         if message["type"] == "lifespan.startup" and self._build(scope) is None:
             await send({"type": "lifespan.startup.failed", "message": self._config_error})
-            return
+            # Raise after reporting, as Starlette's router does: servers expect the app to end.
+            raise ConcurrencyConfigError(self._config_error)
         replayed = False
 
         async def receive_again() -> Message:

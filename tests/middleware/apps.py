@@ -8,9 +8,8 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.background import BackgroundTask
-
 from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencySettings
+from starlette.background import BackgroundTask
 
 
 class Gate:
@@ -23,7 +22,7 @@ class Gate:
 
     async def wait(self) -> None:
         # Polling works from any thread and any event loop (tests also run uvicorn threads).
-        while not self.open:
+        while not self.open:  # noqa: ASYNC110 - an asyncio.Event is bound to one loop
             await asyncio.sleep(0.002)
 
 

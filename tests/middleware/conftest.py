@@ -19,6 +19,4 @@ def component(request: pytest.FixtureRequest) -> str:
 
 def limits_of(component: str) -> dict[str, MeteredSemaphore]:
     """The live route and operation semaphores of `component`, by limit name."""
-    return {
-        str(s.limit_name): s for s in registered_semaphores() if s.component == component
-    }
+    return {str(s.limit_name): s for s in registered_semaphores() if s.component == component}

@@ -11,7 +11,6 @@ import httpx
 import pytest
 from apps import Gate, make_app
 from conftest import limits_of
-
 from gym_concurrency.middleware import ConcurrencySettings, RouteLimit
 
 
@@ -118,11 +117,15 @@ async def test_full_queue_sheds_only_past_max_queue(serve: Any, component: str):
 
 @pytest.mark.parametrize(
     ("fields", "reason", "code"),
-    [({"queue_timeout_seconds": 0.05}, "timeout", "admission_timeout"),
-     ({"max_queue": 0}, "shed", "queue_full")],
+    [
+        ({"queue_timeout_seconds": 0.05}, "timeout", "admission_timeout"),
+        ({"max_queue": 0}, "shed", "queue_full"),
+    ],
 )
 async def test_openai_profile(serve: Any, fields: dict[str, Any], reason: str, code: str):
-    client, gate = await serve(limit("/v1/chat/completions", "upstream", failure="openai", **fields))
+    client, gate = await serve(
+        limit("/v1/chat/completions", "upstream", failure="openai", **fields)
+    )
     first = await hold(client, gate, "/v1/chat/completions")
     refused = await client.post("/v1/chat/completions", json={"model": "m"})
     assert refused.status_code == 503
@@ -155,8 +158,10 @@ async def test_openai_profile(serve: Any, fields: dict[str, Any], reason: str, c
 )
 @pytest.mark.parametrize(
     ("fields", "reason"),
-    [({"queue_timeout_seconds": 0.05}, "Episode admission timed out"),
-     ({"max_queue": 0}, "Episode admission queue full")],
+    [
+        ({"queue_timeout_seconds": 0.05}, "Episode admission timed out"),
+        ({"max_queue": 0}, "Episode admission queue full"),
+    ],
 )
 async def test_episode_profile(
     serve: Any,

@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
-
 from gym_concurrency.middleware import ConcurrencySettings, OperationLimit, RouteLimit
+from pydantic import ValidationError
 
 ROUTE = {"path": "/run", "limit_name": "episodes", "max_concurrent": 4}
 
@@ -46,15 +45,22 @@ def test_invalid_operation_limit_names_the_field():
     with pytest.raises(ValidationError) as raised:
         ConcurrencySettings(
             operations=[
-                {"limit_name": "judge", "operation": "grade", "executor": "inline",
-                 "max_concurrent": 1}
+                {
+                    "limit_name": "judge",
+                    "operation": "grade",
+                    "executor": "inline",
+                    "max_concurrent": 1,
+                }
             ]
         )
     assert "operations.0.operation" in str(raised.value)
     assert "unknown operation 'grade'" in str(raised.value)
     with pytest.raises(ValidationError, match=r"timeout_seconds\n  Input should be greater than 0"):
         OperationLimit(
-            limit_name="judge", operation="judge", executor="inline", max_concurrent=1,
+            limit_name="judge",
+            operation="judge",
+            executor="inline",
+            max_concurrent=1,
             timeout_seconds=0,
         )
 
@@ -88,8 +94,7 @@ def test_one_route_and_method_cannot_have_two_limits():
 
 
 def test_operation_names_are_unique_and_distinct_from_route_names():
-    judge = {"limit_name": "judge", "operation": "judge", "executor": "inline",
-             "max_concurrent": 1}
+    judge = {"limit_name": "judge", "operation": "judge", "executor": "inline", "max_concurrent": 1}
     with pytest.raises(ValidationError, match=r"operations\.1\.limit_name: 'judge' is configured"):
         ConcurrencySettings(operations=[judge, judge])
     with pytest.raises(ValidationError, match=r"operations\.0\.limit_name: 'episodes' is also"):
@@ -113,8 +118,12 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch):
     assert settings.server_name == "math_env_1"
     assert settings.routes == [
         RouteLimit(
-            path="/run", limit_name="episodes", max_concurrent=4, queue_timeout_seconds=2.5,
-            failure="episode", max_queue=10,
+            path="/run",
+            limit_name="episodes",
+            max_concurrent=4,
+            queue_timeout_seconds=2.5,
+            failure="episode",
+            max_queue=10,
         )
     ]
     assert settings.operations[0].timeout_seconds == 30
