@@ -4,6 +4,7 @@ test can load a page, read its DOM again later, and take screenshots with no ext
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import select
@@ -21,6 +22,13 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
          "--remote-debugging-pipe", "--window-size=900,700"]
 
 
+def _above_nine(fd: int) -> int:
+    """A duplicate of `fd` numbered 10 or more; `fd` itself is closed."""
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
+    os.close(fd)
+    return high
+
+
 class Chromium:
     """One headless browser with one page; `evaluate` runs JavaScript in it."""
 
@@ -29,6 +37,9 @@ class Chromium:
         self._profile = tempfile.TemporaryDirectory(prefix="chromium-profile-")
         to_browser_read, self._to_browser = os.pipe()
         self._from_browser, from_browser_write = os.pipe()
+        # Above 9, so that moving them to 3 and 4 cannot overwrite one with the other.
+        to_browser_read, from_browser_write = _above_nine(to_browser_read), _above_nine(
+            from_browser_write)
         # Chromium reads commands on fd 3 and writes answers on fd 4.
         redirect = (f'exec "$@" 3<&{to_browser_read} 4>&{from_browser_write} '
                     f'{to_browser_read}<&- {from_browser_write}>&-')
