@@ -1,0 +1,131 @@
+"""ConcurrencyLimitMiddleware behind a real uvicorn server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+from apps import make_app
+from conftest import limits_of
+from gym_concurrency.middleware import ConcurrencySettings, RouteLimit
+from servers import UvicornServer, free_port, wait_until
+
+HERE = Path(__file__).parent
+
+
+def settings_for(component: str, **route: Any) -> ConcurrencySettings:
+    fields = {"path": "/run", "limit_name": "episodes", "max_concurrent": 1, **route}
+    return ConcurrencySettings(component=component, routes=[RouteLimit(**fields)])
+
+
+def post_in_thread(url: str, body: bytes = b"{}") -> tuple[threading.Thread, list[Any]]:
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(httpx.post(url, content=body)))
+    thread.start()
+    return thread, result
+
+
+def test_problem_response_over_the_wire(component: str):
+    app, gate = make_app(settings_for(component, queue_timeout_seconds=0.05))
+    with UvicornServer(app) as server:
+        holder, held = post_in_thread(server.url + "/run")
+        wait_until(lambda: gate.inside == 1, what="the first request inside the app")
+        refused = httpx.post(server.url + "/run", content=b"{}")
+        gate.open = True
+        holder.join(10)
+    assert held[0].status_code == 200
+    assert refused.status_code == 503
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.headers["retry-after"] == "1"
+    assert refused.json()["type"] == "urn:gym-concurrency:admission-timeout"
+    assert limits_of(component)["episodes"].admission_timeouts == 1
+
+
+def test_client_closing_its_socket_while_queued_leaves_the_queue(component: str):
+    app, gate = make_app(settings_for(component))
+    with UvicornServer(app) as server:
+        holder, _ = post_in_thread(server.url + "/run")
+        wait_until(lambda: gate.inside == 1, what="the first request inside the app")
+        semaphore = limits_of(component)["episodes"]
+        with socket.create_connection(("127.0.0.1", server.port)) as client:
+            client.sendall(b"POST /run HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}")
+            wait_until(lambda: semaphore.queue_depth == 1, what="the request to queue")
+        wait_until(lambda: semaphore.admission_cancelled == 1, what="the queued request to leave")
+        assert (semaphore.queue_depth, semaphore.active) == (0, 1)
+        gate.open = True
+        holder.join(10)
+        wait_until(lambda: semaphore.active == 0, what="the slot to be released")
+    assert gate.calls == {"/run": 1}  # the app never saw the request that left
+
+
+def test_stream_keeps_the_slot_until_its_last_byte(component: str):
+    app, gate = make_app(settings_for(component, path="/stream", queue_timeout_seconds=0.05))
+    with UvicornServer(app) as server, httpx.stream("GET", server.url + "/stream") as response:
+        chunks = response.iter_bytes()
+        assert next(chunks) == b"first\n"
+        semaphore = limits_of(component)["episodes"]
+        assert semaphore.active == 1
+        assert httpx.get(server.url + "/stream").status_code == 503
+        gate.open = True
+        assert b"".join(chunks) == b"last\n"
+        wait_until(lambda: semaphore.active == 0, what="the slot to be released")
+
+
+def test_background_task_keeps_the_slot_after_the_response(component: str):
+    app, gate = make_app(settings_for(component, path="/background"))
+    with UvicornServer(app) as server:
+        assert httpx.get(server.url + "/background").json() == {"sent": True}
+        wait_until(lambda: gate.inside == 1, what="the background task to run")
+        semaphore = limits_of(component)["episodes"]
+        assert semaphore.active == 1
+        gate.open = True
+        wait_until(lambda: semaphore.active == 0, what="the slot to be released")
+
+
+def test_lifespan_off_builds_on_the_first_request(component: str):
+    app, gate = make_app(settings_for(component, max_queue=0))
+    gate.open = True
+    with UvicornServer(app, lifespan="off") as server:
+        assert httpx.post(server.url + "/run", content=b"hi").json() == {
+            "path": "/run",
+            "body": "hi",
+        }
+    assert limits_of(component)["episodes"].limit == 1
+
+
+def test_bad_settings_stop_uvicorn_at_startup(tmp_path: Path):
+    (tmp_path / "bad_app.py").write_text(
+        "from apps import make_app\n"
+        "from gym_concurrency.middleware import ConcurrencySettings, RouteLimit\n"
+        "settings = ConcurrencySettings(routes=[RouteLimit(path='/runs', limit_name='e',"
+        " max_concurrent=1)])\n"
+        "app, _ = make_app(settings)\n"
+    )
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "bad_app:app",
+            "--app-dir",
+            str(tmp_path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+        ],
+        env={"PYTHONPATH": str(HERE), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 3  # uvicorn's startup failure
+    assert "routes.0.path '/runs' matches no route of the app" in completed.stderr
+    assert "POST /run" in completed.stderr
+    assert "Application startup failed. Exiting." in completed.stderr

@@ -1,0 +1,186 @@
+"""What the middleware reports: the queue-wait histogram by admission outcome, and the
+operation histograms of `operation_limit` handles, on an explicit MeterProvider."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+import httpx
+import pytest
+from apps import make_app
+from conftest import limits_of
+from fastapi import Depends
+from gym_concurrency.middleware import (
+    ConcurrencySettings,
+    OperationHandle,
+    OperationLimit,
+    RouteLimit,
+    operation_limit,
+)
+
+from gym_concurrency import OPERATION_BOUNDARIES_MS, ResourcesOperation
+
+Judge = Annotated[OperationHandle, Depends(operation_limit("judge"))]
+
+
+async def until(condition: Any, what: str) -> None:
+    for _ in range(2000):
+        if condition():
+            return
+        await asyncio.sleep(0.002)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_queue_wait_histogram_by_outcome(metrics: Any, component: str):
+    settings = ConcurrencySettings(
+        component=component,
+        server_name="env_1",
+        routes=[
+            RouteLimit(
+                path="/run",
+                limit_name="episodes",
+                max_concurrent=1,
+                queue_timeout_seconds=0.2,
+                max_queue=1,
+            )
+        ],
+    )
+    app, gate = make_app(settings, meter_provider=metrics.provider)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        first = asyncio.create_task(client.post("/run", content=b"{}"))
+        await until(lambda: gate.inside == 1, "the first request inside")
+        semaphore = limits_of(component)["episodes"]
+        timing_out = asyncio.create_task(client.post("/run", content=b"{}"))
+        await until(lambda: semaphore.queue_depth == 1, "a request queued")
+        assert (await client.post("/run", content=b"{}")).status_code == 503  # shed
+        assert (await timing_out).status_code == 503
+        cancelled = asyncio.create_task(client.post("/run", content=b"{}"))
+        await until(lambda: semaphore.queue_depth == 1, "a request queued")
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        gate.open = True
+        assert (await first).status_code == 200
+        assert (await client.post("/run", content=b"{}")).status_code == 200
+
+    points = metrics.values("gym.concurrency.queue_wait_duration_ms")
+    base = {
+        "nemo.gym.concurrency.component": component,
+        "nemo.gym.concurrency.limit_name": "episodes",
+        "nemo.gym.server.name": "env_1",
+    }
+    by_outcome = {
+        dict(key)["nemo.gym.concurrency.admission_outcome"]: point for key, point in points.items()
+    }
+    for key in points:
+        assert {k: v for k, v in key if k != "nemo.gym.concurrency.admission_outcome"} == base
+    counts = {outcome: point.count for outcome, point in by_outcome.items()}
+    assert counts == {"admitted": 2, "timeout": 1, "shed": 1, "cancelled": 1}
+    assert by_outcome["timeout"].sum >= 200 * 0.9
+    assert tuple(by_outcome["admitted"].explicit_bounds) == OPERATION_BOUNDARIES_MS
+    assert (
+        semaphore.admission_timeouts,
+        semaphore.admission_shed,
+        semaphore.admission_cancelled,
+    ) == (1, 1, 1)
+
+
+async def test_nothing_is_recorded_without_an_exporting_provider(component: str):
+    # The global provider is the API's proxy in tests: the middleware records nothing and works.
+    settings = ConcurrencySettings(
+        component=component,
+        routes=[RouteLimit(path="/run", limit_name="episodes", max_concurrent=1)],
+    )
+    app, gate = make_app(settings)
+    gate.open = True
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        assert (await client.post("/run", content=b"{}")).status_code == 200
+
+
+def judge_app(metrics: Any, component: str, **limit: Any) -> tuple[Any, asyncio.Event]:
+    settings = ConcurrencySettings(
+        component=component,
+        operations=[
+            OperationLimit(
+                limit_name="judge", operation="judge", executor="inline", max_concurrent=1, **limit
+            )
+        ],
+    )
+    app, _ = make_app(settings, meter_provider=metrics.provider)
+    release = asyncio.Event()
+
+    @app.post("/verify")
+    async def verify(judge: Judge) -> dict[str, Any]:
+        await asyncio.sleep(0.1)  # outside the guarded block: never timed
+        async with judge as op:
+            assert isinstance(op, ResourcesOperation)
+            await release.wait()
+        return {"limit": judge.limit.config.limit_name}
+
+    return app, release
+
+
+async def test_operation_limit_handle_reports_the_operation(metrics: Any, component: str):
+    app, release = judge_app(metrics, component)
+    release.set()
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        assert (await client.post("/verify")).json() == {"limit": "judge"}
+    collected = metrics.collect()
+    (ran,) = collected["gym.resources.operation.duration_ms"]
+    assert dict(ran.attributes) == {
+        "nemo.gym.resources.operation": "judge",
+        "nemo.gym.resources.executor": "inline",
+        "nemo.gym.resources.operation.outcome": "ok",
+    }
+    assert ran.count == 1
+    assert ran.sum < 90  # the 100 ms before the block is not in it
+    (queued,) = collected["gym.resources.operation.queue_duration_ms"]
+    assert queued.count == 1
+    judge = limits_of(component)["judge"]
+    assert (judge.limit, judge.active, judge.timeout) == (1, 0, None)
+
+
+async def test_operation_limit_timeout_is_seen(metrics: Any, component: str):
+    app, release = judge_app(metrics, component, timeout_seconds=0.05)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        holding = asyncio.create_task(client.post("/verify"))
+        await until(
+            lambda: (
+                limits_of(component).get("judge") is not None
+                and limits_of(component)["judge"].active == 1
+            ),
+            "the judge slot taken",
+        )
+        with pytest.raises(TimeoutError):
+            await client.post("/verify")
+        release.set()
+        assert (await holding).status_code == 200
+    judge = limits_of(component)["judge"]
+    assert (judge.admission_timeouts, judge.active) == (1, 0)
+    collected = metrics.collect()
+    assert sum(p.count for p in collected["gym.resources.operation.queue_duration_ms"]) == 2
+    assert sum(p.count for p in collected["gym.resources.operation.duration_ms"]) == 1
+
+
+async def test_operation_limit_without_the_middleware_says_so():
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.post("/verify")
+    async def verify(judge: Judge) -> None:
+        return None
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        with pytest.raises(
+            RuntimeError,
+            match=r"operation_limit\('judge'\) needs "
+            "ConcurrencyLimitMiddleware",
+        ):
+            await client.post("/verify")
