@@ -56,6 +56,7 @@ class ConcurrencyLimitMiddleware:
         self._recorder = QueueWaitRecorder(meter_provider)
         self._table: RouteTable[LimitedRoute] | None = None
         self._config_error: str | None = None
+        self._operations = bool(self.limits.operations)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope_type = scope["type"]
@@ -69,16 +70,30 @@ class ConcurrencyLimitMiddleware:
         if table is None:
             await self._misconfigured(scope, send)
             return
-        scope[LIMITS_SCOPE_KEY] = self.limits
+        if self._operations:  # for operation_limit dependencies
+            scope[LIMITS_SCOPE_KEY] = self.limits
         route = table.resolve(scope)
         if route is None:
             await self.app(scope, receive, send)
-        elif scope_type == "http":
-            await _HttpAdmission(self.app, route, self._recorder, self.settings)(
-                scope, receive, send
-            )
-        else:
-            await _admit_websocket(self.app, route, self._recorder, scope, receive, send)
+            return
+        semaphore = route.semaphore
+        if semaphore.locked():  # it must wait or be refused: a responder watches the client
+            if scope_type == "http":
+                await _HttpAdmission(self.app, route, self._recorder, self.settings)(
+                    scope, receive, send
+                )
+            else:
+                await _admit_websocket(self.app, route, self._recorder, scope, receive, send)
+            return
+        # A free slot and nobody waiting: taken at once, so the wait recorded is zero.
+        histogram = self._recorder.histogram()
+        if histogram is not None:
+            record(histogram, 0.0, route.wait_attributes["admitted"])
+        await semaphore.acquire()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            semaphore.release()
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = await receive()
@@ -130,8 +145,8 @@ class ConcurrencyLimitMiddleware:
 
 
 class _HttpAdmission:
-    """One HTTP request on a limited route: wait for a slot while watching the client, then
-    run the app holding it until the app returns or raises."""
+    """One HTTP request that must wait for its route's slot: wait while watching the client,
+    then run the app holding the slot until the app returns or raises."""
 
     __slots__ = ("app", "max_body_bytes", "recorder", "route")
 
@@ -148,15 +163,6 @@ class _HttpAdmission:
         self.max_body_bytes = settings.max_queued_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        semaphore = self.route.semaphore
-        if not semaphore.locked():
-            histogram = self.recorder.histogram()
-            started = perf_counter() if histogram is not None else 0.0
-            await semaphore.acquire()  # a free slot and nobody waiting: taken without a wait
-            if histogram is not None:
-                record(histogram, _ms_since(started), self.route.wait_attributes["admitted"])
-            await self._run(scope, receive, send)
-            return
         queued = QueuedRequest(receive, self.max_body_bytes)
         outcome = await self._wait(queued)
         if outcome == "admitted":

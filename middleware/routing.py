@@ -33,6 +33,7 @@ _ANY_TYPE = frozenset({"http", "websocket"})
 _NAMED_GROUP = re.compile(r"\(\?P<[^>]+>")
 # Resolved (type, method, path) keys kept; cleared when full so odd paths cannot grow it.
 _CACHE_SIZE = 4096
+_MISS = object()
 
 
 class UnknownRouteError(ValueError):
@@ -86,7 +87,7 @@ class RouteTable(Generic[T]):
             if limited
             else None
         )
-        self._cache: dict[tuple[str, str, str], T | None] = {}
+        self._cache: dict[tuple[str, str | None, str, str | None], object] = {}
 
     @classmethod
     def compile(cls, app: Any, limits: Sequence[tuple[RouteLimit, T]]) -> RouteTable[T]:
@@ -106,26 +107,26 @@ class RouteTable(Generic[T]):
 
     def resolve(self, scope: Scope) -> T | None:
         """The limit of the route `scope` (http or websocket) is routed to, or None."""
-        candidates = self._candidates
-        if candidates is None:
+        if self._candidates is None:
             return None
-        route_path = _route_path(scope)
-        if not candidates.match(route_path):
-            return None
-        scope_type = scope["type"]
         if not self._cacheable:
-            return self._walk(scope_type, scope, route_path)
-        key = (scope_type, scope.get("method", ""), route_path)
+            return self._resolve(scope)
+        key = (scope["type"], scope.get("method"), scope["path"], scope.get("root_path"))
         cache = self._cache
-        try:
-            return cache[key]
-        except KeyError:
-            pass
-        found = self._walk(scope_type, scope, route_path)
-        if len(cache) >= _CACHE_SIZE:
-            cache.clear()
-        cache[key] = found
-        return found
+        found = cache.get(key, _MISS)
+        if found is _MISS:
+            found = self._resolve(scope)
+            if len(cache) >= _CACHE_SIZE:
+                cache.clear()
+            cache[key] = found
+        return found  # type: ignore[return-value]
+
+    def _resolve(self, scope: Scope) -> T | None:
+        route_path = _route_path(scope)
+        assert self._candidates is not None
+        if not self._candidates.match(route_path):
+            return None  # no limited route can match: skip the walk
+        return self._walk(scope["type"], scope, route_path)
 
     def _walk(self, scope_type: str, scope: Scope, route_path: str) -> T | None:
         for entry in self._entries:
