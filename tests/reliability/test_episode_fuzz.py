@@ -7,8 +7,10 @@ The expected ids come from this file's own reading of the contract (docs: DESIGN
 "Failure responses"), not from the middleware's code: `episode_id` is the body's
 `episode_id`, `task_id` is `task.task_id`, else a top-level `task_id`; an id is echoed when it
 is a string or an integer, and is null otherwise or when the body is not a JSON object.
-A body larger than `max_queued_body_bytes` is read only as far as the bound (plus the
-server's current message): its ids are either those or both null, never anything else.
+docs/failure-responses.md also promises null ids for a body longer than
+`max_queued_body_bytes`; the middleware echoes them when the body's last part arrives in
+the server message that crosses the bound (a known gap, pinned by the xfail test at the
+end), so the fuzzing accepts, for such bodies, either the contract's ids or both null.
 """
 
 from __future__ import annotations
@@ -204,6 +206,21 @@ def test_fuzzed_episode_bodies_get_the_documented_failure_and_leak_no_slot(
     assert (timeout.admission_timeouts, timeout.admission_shed) == (sent["/episode/slow"], 0)
     for semaphore in limits.values():
         assert (semaphore.active, semaphore.queue_depth, semaphore.admission_cancelled) == (1, 0, 0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: middleware/body.py read_body returns a body that crossed "
+    "max_queued_body_bytes when its last message completed it; docs promise null ids",
+)
+@pytest.mark.parametrize("size", [MAX_BODY + 1, MAX_BODY * 3])
+def test_a_body_longer_than_the_bound_gets_null_ids(
+    held_server: tuple[UvicornServer, dict[str, MeteredSemaphore]], size: int
+):
+    server, _ = held_server
+    body = json.dumps({"episode_id": "e1", "task_id": "t1", "pad": "x" * size}).encode()
+    answer = httpx.post(server.url + "/episode", content=body, timeout=10).json()
+    assert (answer["episode_id"], answer["task_id"]) == (None, None)
 
 
 def test_the_oracle_reads_the_contract():
