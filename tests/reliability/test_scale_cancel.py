@@ -26,7 +26,9 @@ GENEROUS_SECONDS = 30.0
 
 async def queue_waiters(semaphore: MeteredSemaphore, count: int) -> list[asyncio.Task[bool]]:
     """`count` tasks waiting on `semaphore` (whose slots are all held)."""
-    tasks = [asyncio.create_task(semaphore.acquire()) for _ in range(count)]
+    tasks: list[asyncio.Task[bool]] = [
+        asyncio.create_task(semaphore.acquire()) for _ in range(count)
+    ]
     await asyncio.sleep(0)  # each task runs up to its wait
     assert semaphore.queue_depth == count
     return tasks

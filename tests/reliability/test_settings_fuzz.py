@@ -55,7 +55,7 @@ FIELDS: list[tuple[Any, ...]] = [
 ]
 
 # Text that an environment variable can hold (no NUL, no lone surrogates).
-env_text = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"),
+env_text = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"),
                    max_size=30)
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(), st.integers(-3, 3),
