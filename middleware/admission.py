@@ -21,7 +21,7 @@ from .body import QueuedRequest
 from .dependencies import check_operation_names
 from .failures import Reason, failure_response
 from .limits import LIMITS_SCOPE_KEY, ConcurrencyLimits, LimitedRoute
-from .queue_wait import QueueWaitRecorder, record
+from .queue_wait import QueueWaitRecorder
 from .routing import RouteTable, UnknownRouteError, describe_routes
 from .settings import ConcurrencySettings
 
@@ -88,7 +88,7 @@ class ConcurrencyLimitMiddleware:
         # A free slot and nobody waiting: taken at once, so the wait recorded is zero.
         histogram = self._recorder.histogram()
         if histogram is not None:
-            record(histogram, 0.0, route.wait_attributes["admitted"])
+            self._recorder.record(histogram, 0.0, route.wait_attributes["admitted"])
         await semaphore.acquire()
         try:
             await self.app(scope, receive, send)
@@ -194,7 +194,8 @@ class _HttpAdmission:
         finally:
             histogram = self.recorder.histogram()
             if histogram is not None:
-                record(histogram, _ms_since(started), self.route.wait_attributes[outcome])
+                wait_ms = _ms_since(started)
+                self.recorder.record(histogram, wait_ms, self.route.wait_attributes[outcome])
         return outcome
 
     async def _run(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -235,7 +236,7 @@ async def _admit_websocket(
     finally:
         histogram = recorder.histogram()
         if histogram is not None:
-            record(histogram, _ms_since(started), route.wait_attributes[outcome])
+            recorder.record(histogram, _ms_since(started), route.wait_attributes[outcome])
     if outcome != "admitted":
         await _refuse_websocket(outcome, receive, send)
         return

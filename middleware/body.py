@@ -46,11 +46,11 @@ class QueuedRequest:
 
     async def read_body(self) -> bytes:
         """Read on until the body is complete, the bound is hit or the client leaves; the body
-        buffered so far (empty unless complete)."""
+        if it was read in full within `max_body_bytes`, else empty."""
         while not self.body_complete and await self._read_one():
             pass
-        if not self.body_complete:
-            return b""
+        if not self.body_complete or self.body_bytes > self._max_body_bytes:
+            return b""  # incomplete, or complete only by crossing the bound: not read in full
         return b"".join(m.get("body", b"") for m in self._buffered if m["type"] == "http.request")
 
     async def receive(self) -> Message:

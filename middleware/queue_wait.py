@@ -26,11 +26,12 @@ _HISTOGRAMS: weakref.WeakKeyDictionary[Meter, Histogram] = weakref.WeakKeyDictio
 class QueueWaitRecorder:
     """Records queue waits on `meter_provider` (None = the global one, read at each use)."""
 
-    __slots__ = ("_last", "_provider")
+    __slots__ = ("_failures", "_last", "_provider")
 
     def __init__(self, meter_provider: MeterProvider | None = None) -> None:
         self._provider = meter_provider
         self._last: tuple[MeterProvider, Histogram | None] | None = None
+        self._failures = 0  # failed records: only the first is logged with its traceback
         # Lets OTEL_PYTHON_METER_PROVIDER create the global provider now, if it names one.
         metrics.get_meter_provider()
 
@@ -47,6 +48,21 @@ class QueueWaitRecorder:
         self._last = (provider, histogram)
         return histogram
 
+    def record(self, histogram: Histogram, wait_ms: float, attributes: dict[str, str]) -> None:
+        """Record one wait; a failing SDK is logged (the first time with its traceback, then
+        at debug level), never raised into the request."""
+        try:
+            histogram.record(wait_ms, attributes)
+        except Exception:  # an exporter or SDK bug must not fail a request
+            self._failures += 1
+            if self._failures == 1:
+                _log.exception(
+                    "gym_concurrency: recording %s failed (further failures logged at debug)",
+                    QUEUE_WAIT_INSTRUMENT,
+                )
+            else:
+                _log.debug("gym_concurrency: recording %s failed again", QUEUE_WAIT_INSTRUMENT)
+
 
 def _global_provider() -> MeterProvider | None:
     """The global provider, or None while none is set; read without `get_meter_provider()`'s
@@ -55,14 +71,6 @@ def _global_provider() -> MeterProvider | None:
         return metrics.get_meter_provider()
     provider: MeterProvider | None = getattr(_api_internal, "_METER_PROVIDER", None)
     return provider
-
-
-def record(histogram: Histogram, wait_ms: float, attributes: dict[str, str]) -> None:
-    """Record one wait; a failing SDK is logged, never raised into the request."""
-    try:
-        histogram.record(wait_ms, attributes)
-    except Exception:  # an exporter or SDK bug must not fail a request
-        _log.exception("gym_concurrency: recording %s failed", QUEUE_WAIT_INSTRUMENT)
 
 
 def _histogram_on(meter: Meter) -> Histogram:

@@ -127,16 +127,18 @@ class ConcurrencySettings(BaseSettings):
 
 
 def _load_mapping(path: Path) -> dict[str, Any]:
-    text = path.read_text(encoding="utf-8")
     suffix = path.suffix.lower()
-    if suffix in (".yaml", ".yml"):
-        import yaml  # only needed for YAML files
-
-        data = yaml.safe_load(text)
-    elif suffix == ".json":
-        data = json.loads(text)
-    else:
+    if suffix not in (".yaml", ".yml", ".json"):
         raise ValueError(f"{path}: settings file must end in .yaml, .yml or .json")
+    import yaml  # only needed for settings files
+
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
+    except (UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as error:
+        raise ValueError(
+            f"{path}: not a valid {suffix[1:].upper()} settings file: {error}"
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
