@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from gym_concurrency.middleware import ConcurrencySettings
 from hypothesis import HealthCheck, given, settings
@@ -160,11 +159,6 @@ def test_the_valid_base_loads_from_env_and_file(tmp_path: Path):
     assert from_env.model_dump(mode="json")["routes"][0]["methods"] == ["POST"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gap: middleware/settings.py _load_mapping lets JSONDecodeError, yaml.YAMLError and "
-    "UnicodeDecodeError through without naming the file; see docs/reliability.md",
-)
 @settings(max_examples=200, deadline=None)
 @given(content=st.binary(max_size=200) | st.text(max_size=200).map(str.encode),
        suffix=st.sampled_from([".json", ".yaml"]))

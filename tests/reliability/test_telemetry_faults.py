@@ -210,11 +210,6 @@ async def test_a_failing_sdk_record_never_reaches_a_request(
     assert not records_from(caplog, "uvicorn"), "a fault reached a request"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: middleware/queue_wait.py record() logs a traceback for every failed record "
-    "(once per request); see docs/reliability.md, 'Known gaps'",
-)
 async def test_a_failing_sdk_record_is_logged_not_once_per_request(
     component: str, provider_with: Any, caplog: pytest.LogCaptureFixture
 ):
