@@ -203,3 +203,14 @@ def test_invalid_file_names_the_field_and_the_problem(tmp_path: Path):
     toml.write_text("")
     with pytest.raises(ValueError, match=r"must end in \.yaml, \.yml or \.json"):
         ConcurrencySettings.from_file(toml)
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [("bad.json", b"{not json"), ("bad.yaml", b"routes: [unclosed"), ("bad.yaml", b"\xff\xfe")],
+)
+def test_unparsable_file_names_the_file(tmp_path: Path, name: str, content: bytes):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=rf"{name}: not a valid (JSON|YAML) settings file"):
+        ConcurrencySettings.from_file(path)
