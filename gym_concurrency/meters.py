@@ -7,6 +7,8 @@ providers discard every point, so building attributes and reading clocks for the
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from opentelemetry import metrics
 from opentelemetry.metrics import Meter, MeterProvider, NoOpMeterProvider
@@ -14,12 +16,18 @@ from opentelemetry.metrics import Meter, MeterProvider, NoOpMeterProvider
 from .names import METER_NAME
 
 try:  # The proxy stands in for the global provider until the application sets one.
+    from opentelemetry.metrics import _internal as _api_internal
     from opentelemetry.metrics._internal import _ProxyMeterProvider
-except ImportError:  # pragma: no cover - a future API that moved it
+except ImportError:  # pragma: no cover - a future API that moved them
+    _api_internal = None  # type: ignore[assignment]
     _ProxyMeterProvider = NoOpMeterProvider  # type: ignore[misc,assignment]
 
 SCOPE_VERSION = "0.1.0"
+T = TypeVar("T")
+
+_MOVED = object()  # the API no longer has the private global: ask it the public way
 _METERS: weakref.WeakKeyDictionary[MeterProvider, Meter] = weakref.WeakKeyDictionary()
+_environment_consulted = False
 
 
 def is_exporting(provider: MeterProvider) -> bool:
@@ -27,9 +35,23 @@ def is_exporting(provider: MeterProvider) -> bool:
     return not isinstance(provider, (NoOpMeterProvider, _ProxyMeterProvider))
 
 
-def resolve_provider(meter_provider: MeterProvider | None) -> MeterProvider:
-    """`meter_provider`, or the global provider when it is None."""
-    return metrics.get_meter_provider() if meter_provider is None else meter_provider
+def current_provider(meter_provider: MeterProvider | None = None) -> MeterProvider | None:
+    """`meter_provider`, else the global provider once one is set; None while none is.
+
+    Reads the API's set-once global directly: `get_meter_provider()` looks the environment up
+    on every call, which would cost more than the rest of a request's bookkeeping.
+    """
+    global _environment_consulted
+    if meter_provider is not None:
+        return meter_provider
+    provider = getattr(_api_internal, "_METER_PROVIDER", _MOVED)
+    if provider is _MOVED:  # pragma: no cover - depends on the API's internals
+        return metrics.get_meter_provider()
+    if provider is None and not _environment_consulted:
+        _environment_consulted = True
+        metrics.get_meter_provider()  # lets OTEL_PYTHON_METER_PROVIDER set the global now
+        provider = getattr(_api_internal, "_METER_PROVIDER", None)
+    return provider  # type: ignore[return-value]
 
 
 def meter_for(provider: MeterProvider) -> Meter:
@@ -40,7 +62,31 @@ def meter_for(provider: MeterProvider) -> Meter:
     return meter
 
 
-def exporting_meter(meter_provider: MeterProvider | None = None) -> Meter | None:
-    """The project's meter on `meter_provider` (None = global), or None if it exports nothing."""
-    provider = resolve_provider(meter_provider)
-    return meter_for(provider) if is_exporting(provider) else None
+class PerMeter(Generic[T]):
+    """Instruments made once per exporting meter by `make(meter)`.
+
+    `get(meter_provider)` answers None while nothing exports; the last provider's answer is
+    kept, since a process almost always records through one provider.
+    """
+
+    def __init__(self, make: Callable[[Meter], T]) -> None:
+        self.made: weakref.WeakKeyDictionary[Meter, T] = weakref.WeakKeyDictionary()
+        self._make = make
+        self._last: tuple[MeterProvider, T | None] | None = None
+
+    def get(self, meter_provider: MeterProvider | None = None) -> T | None:
+        """What `make` made for `meter_provider` (None = global), or None if it exports nothing."""
+        provider = current_provider(meter_provider)
+        if provider is None:
+            return None
+        last = self._last
+        if last is not None and last[0] is provider:
+            return last[1]
+        found = None
+        if is_exporting(provider):
+            meter = meter_for(provider)
+            found = self.made.get(meter)
+            if found is None:
+                found = self.made[meter] = self._make(meter)
+        self._last = (provider, found)
+        return found

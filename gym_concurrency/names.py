@@ -64,6 +64,6 @@ MILLISECONDS_UNIT: Final = "ms"
 
 def check_member(kind: str, value: object, allowed: frozenset[str]) -> str:
     """Return `value` if it is one of `allowed`, else raise ValueError naming `kind` and the set."""
-    if value not in allowed:
+    if not isinstance(value, str) or value not in allowed:
         raise ValueError(f"unknown {kind} {value!r}: expected one of {', '.join(sorted(allowed))}")
     return value

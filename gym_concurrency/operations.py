@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager
 from time import perf_counter
@@ -13,7 +12,7 @@ from typing import Any
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
 from . import names
-from .meters import exporting_meter, resolve_provider
+from .meters import PerMeter
 
 __all__ = ["ResourcesOperation", "operation_counts", "resources_operation"]
 
@@ -92,26 +91,13 @@ class _OperationMetrics:
         return [Observation(n, _BASE_ATTRIBUTES[key]) for key, n in list(self.active.items())]
 
 
-_METRICS: weakref.WeakKeyDictionary[Meter, _OperationMetrics] = weakref.WeakKeyDictionary()
-# The provider asked about last and its answer: most processes only ever use one provider.
-_last: tuple[MeterProvider, _OperationMetrics | None] | None = None
+_PER_METER: PerMeter[_OperationMetrics] = PerMeter(_OperationMetrics)
+_METRICS = _PER_METER.made  # one _OperationMetrics per meter, as in NeMo Gym
 
 
 def _metrics(meter_provider: MeterProvider | None = None) -> _OperationMetrics | None:
     """The metrics set for `meter_provider` (None = global), or None while nothing exports."""
-    global _last
-    provider = resolve_provider(meter_provider)
-    last = _last
-    if last is not None and last[0] is provider:
-        return last[1]
-    meter = exporting_meter(provider)
-    found = None
-    if meter is not None:
-        found = _METRICS.get(meter)
-        if found is None:
-            found = _METRICS[meter] = _OperationMetrics(meter)
-    _last = (provider, found)
-    return found
+    return _PER_METER.get(meter_provider)
 
 
 def operation_counts() -> dict[_Key, tuple[int, int]]:

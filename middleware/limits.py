@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from opentelemetry.metrics import MeterProvider
 
-from gym_concurrency import MeteredSemaphore
+from gym_concurrency import MeteredSemaphore, observe_concurrency
 from gym_concurrency.names import (
     ADMISSION_OUTCOME_ATTRIBUTE,
     ADMISSION_OUTCOMES,
@@ -49,6 +49,8 @@ class ConcurrencyLimits:
     ) -> None:
         self.settings = settings
         self.meter_provider = meter_provider
+        if meter_provider is not None:  # the global provider observes every limit by itself
+            observe_concurrency(meter_provider)
         shared: dict[str, MeteredSemaphore] = {}
         self.routes = [self._limited_route(config, shared) for config in settings.routes]
         self.operations = {

@@ -116,6 +116,8 @@ async def test_unknown_names_raise_value_error_listing_the_allowed_ones() -> Non
         resources_operation(limit, "grade", "inline")
     with pytest.raises(ValueError, match="unknown executor 'gpu'"):
         resources_operation(limit, "judge", "gpu")
+    with pytest.raises(ValueError, match=r"unknown operation \['verify'\]"):
+        resources_operation(limit, ["verify"], "inline")  # type: ignore[arg-type]
     async with resources_operation(limit, "judge", "inline") as op:
         with pytest.raises(ValueError, match="unknown outcome 'fine': expected one of cancelled"):
             op.outcome = "fine"

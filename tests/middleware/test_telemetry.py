@@ -85,6 +85,11 @@ async def test_queue_wait_histogram_by_outcome(metrics: Any, component: str):
         semaphore.admission_shed,
         semaphore.admission_cancelled,
     ) == (1, 1, 1)
+    # The limit's own state reaches the provider the middleware was given, not only the global.
+    key = frozenset(base.items())
+    assert metrics.values("gym.concurrency.limit")[key] == 1
+    assert metrics.values("gym.concurrency.admission_timeouts_total")[key] == 1
+    assert metrics.values("gym.concurrency.admission_shed_total")[key] == 1
 
 
 async def test_nothing_is_recorded_without_an_exporting_provider(component: str):
