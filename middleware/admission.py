@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_concurrency import QueueFullError
 
-from .body import QueuedRequest
+from .body import QueuedRequest, QueuedWebsocket
 from .dependencies import check_operation_names
 from .failures import Reason, failure_response
 from .limits import LIMITS_SCOPE_KEY, ConcurrencyLimits, LimitedRoute
@@ -78,12 +78,9 @@ class ConcurrencyLimitMiddleware:
             return
         semaphore = route.semaphore
         if semaphore.locked():  # it must wait or be refused: a responder watches the client
-            if scope_type == "http":
-                await _HttpAdmission(self.app, route, self._recorder, self.settings)(
-                    scope, receive, send
-                )
-            else:
-                await _admit_websocket(self.app, route, self._recorder, scope, receive, send)
+            await _QueuedAdmission(self.app, route, self._recorder, self.settings)(
+                scope, receive, send
+            )
             return
         # A free slot and nobody waiting: taken at once, so the wait recorded is zero.
         histogram = self._recorder.histogram()
@@ -144,9 +141,12 @@ class ConcurrencyLimitMiddleware:
         await send({"type": "http.response.body", "body": body})
 
 
-class _HttpAdmission:
-    """One HTTP request that must wait for its route's slot: wait while watching the client,
-    then run the app holding the slot until the app returns or raises."""
+class _QueuedAdmission:
+    """One request or websocket that must wait for its route's slot: wait while watching the
+    client, then run the app holding the slot until the app returns or raises.
+
+    A websocket holds its slot for the connection's lifetime and is refused with close code
+    1013 (try again later) on an admission timeout or a full queue."""
 
     __slots__ = ("app", "max_body_bytes", "recorder", "route")
 
@@ -163,15 +163,22 @@ class _HttpAdmission:
         self.max_body_bytes = settings.max_queued_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        queued = QueuedRequest(receive, self.max_body_bytes)
+        if scope["type"] == "http":
+            queued: QueuedRequest | QueuedWebsocket = QueuedRequest(receive, self.max_body_bytes)
+        else:
+            queued = QueuedWebsocket(receive)
         outcome = await self._wait(queued)
         if outcome == "admitted":
             await self._run(scope, queued.receive, send)
-        elif outcome != "cancelled":
+        elif outcome == "cancelled":
+            return  # the client left: nothing is sent
+        elif isinstance(queued, QueuedRequest):
             await self._refuse(outcome, queued, send)
+        else:
+            await _refuse_websocket(outcome, queued.receive, send)
 
-    async def _wait(self, queued: QueuedRequest) -> Outcome:
-        """Wait for a slot while `queued` reads the request; a disconnect cancels the wait."""
+    async def _wait(self, queued: QueuedRequest | QueuedWebsocket) -> Outcome:
+        """Wait for a slot while `queued` reads the client; a disconnect cancels the wait."""
         semaphore = self.route.semaphore
         started = perf_counter()
         outcome: Outcome = "cancelled"
@@ -211,39 +218,6 @@ class _HttpAdmission:
             return
         with contextlib.suppress(OSError):  # the client left while we answered; nothing held
             await failure_response(config, reason, body).send(send)
-
-
-async def _admit_websocket(
-    app: ASGIApp,
-    route: LimitedRoute,
-    recorder: QueueWaitRecorder,
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-) -> None:
-    """A websocket on a limited route holds a slot for the connection's lifetime; refused with
-    close code 1013 (try again later) on an admission timeout or a full queue."""
-    semaphore = route.semaphore
-    started = perf_counter()
-    outcome: Outcome = "cancelled"
-    try:
-        await semaphore.acquire()
-        outcome = "admitted"
-    except TimeoutError:
-        outcome = "timeout"
-    except QueueFullError:
-        outcome = "shed"
-    finally:
-        histogram = recorder.histogram()
-        if histogram is not None:
-            recorder.record(histogram, _ms_since(started), route.wait_attributes[outcome])
-    if outcome != "admitted":
-        await _refuse_websocket(outcome, receive, send)
-        return
-    try:
-        await app(scope, receive, send)
-    finally:
-        semaphore.release()
 
 
 async def _refuse_websocket(reason: str, receive: Receive, send: Send) -> None:

@@ -1,6 +1,7 @@
-"""QueuedRequest: reads a queued request while it waits, to notice the client leaving.
+"""What a queued connection sends while it waits, read to notice the client leaving.
 
-The body is buffered (up to a bound) and replayed to the app once the request is admitted.
+Everything read is buffered and replayed to the app once the connection is admitted: an HTTP
+request's body (up to a bound), or a websocket's connect message.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable
 
 from starlette.types import Message, Receive
 
-__all__ = ["QueuedRequest"]
+__all__ = ["QueuedRequest", "QueuedWebsocket"]
 
 
 class QueuedRequest:
@@ -73,3 +74,29 @@ class QueuedRequest:
             self.body_bytes += len(message.get("body", b""))
             self.body_complete = not message.get("more_body", False)
         return True
+
+
+class QueuedWebsocket:
+    """The messages a queued websocket sent before it was accepted (its connect, perhaps its
+    disconnect), and whether the client disconnected."""
+
+    __slots__ = ("_buffered", "_receive", "disconnected")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._buffered: deque[Message] = deque()
+        self.disconnected = False
+
+    async def watch(self, on_disconnect: Callable[[], object]) -> None:
+        """Read until the client disconnects, then call `on_disconnect`."""
+        while not self.disconnected:
+            message = await self._receive()
+            self._buffered.append(message)
+            self.disconnected = message["type"] == "websocket.disconnect"
+        on_disconnect()
+
+    async def receive(self) -> Message:
+        """The app's receive: the buffered messages first, then the server's."""
+        if self._buffered:
+            return self._buffered.popleft()
+        return await self._receive()

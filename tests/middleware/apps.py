@@ -77,6 +77,7 @@ def make_app(settings: ConcurrencySettings, *, meter_provider: Any = None) -> tu
 
     @app.websocket("/ws")
     async def ws(websocket: WebSocket) -> None:
+        gate.calls["/ws"] = gate.calls.get("/ws", 0) + 1
         await websocket.accept()
         await websocket.send_text("admitted")
         await websocket.receive_text()

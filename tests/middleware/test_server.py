@@ -63,6 +63,34 @@ def test_client_closing_its_socket_while_queued_leaves_the_queue(component: str)
     assert gate.calls == {"/run": 1}  # the app never saw the request that left
 
 
+def websocket_handshake(port: int) -> socket.socket:
+    """A raw client socket that has sent a websocket upgrade request for /ws."""
+    client = socket.create_connection(("127.0.0.1", port))
+    client.sendall(
+        b"GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    return client
+
+
+def test_websocket_closing_while_queued_leaves_the_queue(component: str):
+    settings = ConcurrencySettings(
+        component=component,
+        routes=[RouteLimit(path="/ws", limit_name="sockets", max_concurrent=1)],
+    )
+    app, gate = make_app(settings)
+    with UvicornServer(app) as server:
+        semaphore = limits_of(component)["sockets"]
+        with websocket_handshake(server.port) as holder:
+            assert b"101 Switching Protocols" in holder.recv(4096)
+            with websocket_handshake(server.port):
+                wait_until(lambda: semaphore.queue_depth == 1, what="the second socket to queue")
+            wait_until(lambda: semaphore.admission_cancelled == 1, what="it to leave the queue")
+            assert (semaphore.queue_depth, semaphore.active) == (0, 1)
+        wait_until(lambda: semaphore.active == 0, what="the holder's slot to be released")
+    assert gate.calls == {"/ws": 1}  # the app never saw the socket that left
+
+
 def test_stream_keeps_the_slot_until_its_last_byte(component: str):
     app, gate = make_app(settings_for(component, path="/stream", queue_timeout_seconds=0.05))
     with UvicornServer(app) as server, httpx.stream("GET", server.url + "/stream") as response:
