@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gym_concurrency.names import EXECUTORS, OPERATIONS
+from gym_concurrency.names import EXECUTORS, OPERATIONS, check_member
 
 __all__ = ["ConcurrencySettings", "FailureProfile", "OperationLimit", "RouteLimit"]
 
@@ -54,6 +54,17 @@ class RouteLimit(BaseModel):
             raise ValueError(f"must start with '/' (a route's declared template), got {path!r}")
         return path
 
+    @field_validator("methods", mode="before")
+    @classmethod
+    def _methods_from_one_string(cls, methods: Any) -> Any:
+        # A nested env var (GYM_CONCURRENCY_ROUTES__0__METHODS) arrives as one string:
+        # "POST", "GET,POST" or a JSON list.
+        if not isinstance(methods, str):
+            return methods
+        if methods.lstrip().startswith("["):
+            return json.loads(methods)
+        return tuple(part.strip() for part in methods.split(","))
+
     @field_validator("methods")
     @classmethod
     def _methods_are_upper_case(cls, methods: tuple[str, ...] | None) -> tuple[str, ...] | None:
@@ -84,12 +95,12 @@ class OperationLimit(BaseModel):
     @field_validator("operation")
     @classmethod
     def _known_operation(cls, operation: str) -> str:
-        return _member("operation", operation, OPERATIONS)
+        return check_member("operation", operation, OPERATIONS)
 
     @field_validator("executor")
     @classmethod
     def _known_executor(cls, executor: str) -> str:
-        return _member("executor", executor, EXECUTORS)
+        return check_member("executor", executor, EXECUTORS)
 
 
 class ConcurrencySettings(BaseSettings):
@@ -107,6 +118,14 @@ class ConcurrencySettings(BaseSettings):
     routes: list[RouteLimit] = Field(default_factory=list)
     operations: list[OperationLimit] = Field(default_factory=list)
     max_queued_body_bytes: int = Field(default=DEFAULT_MAX_QUEUED_BODY_BYTES, ge=0)
+
+    @field_validator("routes", "operations", mode="before")
+    @classmethod
+    def _indexed_entries_are_a_list(cls, value: Any) -> Any:
+        # GYM_CONCURRENCY_ROUTES__0__PATH=/run nests as {"0": {"path": "/run"}}: a list by index.
+        if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
+            return [value[k] for k in sorted(value, key=int)]
+        return value
 
     @model_validator(mode="after")
     def _limits_are_consistent(self) -> Self:
@@ -143,13 +162,10 @@ def _load_mapping(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: settings file must hold a mapping, got {type(data).__name__}")
+    odd_keys = [key for key in data if not isinstance(key, str)]
+    if odd_keys:
+        raise ValueError(f"{path}: settings keys must be field names, got {odd_keys[0]!r}")
     return data
-
-
-def _member(kind: str, value: str, allowed: frozenset[str]) -> str:
-    if value not in allowed:
-        raise ValueError(f"unknown {kind} {value!r}: expected one of {', '.join(sorted(allowed))}")
-    return value
 
 
 def _check_shared_route_limits(routes: list[RouteLimit]) -> None:

@@ -129,6 +129,44 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch):
     assert settings.operations[0].timeout_seconds == 30
 
 
+def test_settings_from_nested_environment_variables(monkeypatch: pytest.MonkeyPatch):
+    # No JSON needed: list entries by index, fields nested with "__", methods as one string.
+    for name, value in {
+        "ROUTES__1__PATH": "/v1/chat/completions",
+        "ROUTES__1__LIMIT_NAME": "upstream_requests",
+        "ROUTES__1__MAX_CONCURRENT": "16",
+        "ROUTES__1__METHODS": "GET,POST",
+        "ROUTES__0__PATH": "/run",
+        "ROUTES__0__LIMIT_NAME": "episodes",
+        "ROUTES__0__MAX_CONCURRENT": "8",
+        "ROUTES__0__QUEUE_TIMEOUT_SECONDS": "2.5",
+        "ROUTES__0__FAILURE": "episode",
+        "OPERATIONS__0__LIMIT_NAME": "verifier",
+        "OPERATIONS__0__OPERATION": "verify",
+        "OPERATIONS__0__EXECUTOR": "subprocess",
+        "OPERATIONS__0__MAX_CONCURRENT": "2",
+    }.items():
+        monkeypatch.setenv(f"GYM_CONCURRENCY_{name}", value)
+    settings = ConcurrencySettings()
+    assert [(r.path, r.limit_name, r.max_concurrent) for r in settings.routes] == [
+        ("/run", "episodes", 8),
+        ("/v1/chat/completions", "upstream_requests", 16),
+    ]
+    assert settings.routes[0].queue_timeout_seconds == 2.5
+    assert settings.routes[0].failure == "episode"
+    assert settings.routes[1].methods == ("GET", "POST")
+    assert settings.operations[0].executor == "subprocess"
+
+
+def test_a_nested_environment_variable_error_names_the_field(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("GYM_CONCURRENCY_ROUTES__0__PATH", "/run")
+    monkeypatch.setenv("GYM_CONCURRENCY_ROUTES__0__LIMIT_NAME", "episodes")
+    monkeypatch.setenv("GYM_CONCURRENCY_ROUTES__0__MAX_CONCURRENT", "8")
+    monkeypatch.setenv("GYM_CONCURRENCY_ROUTES__0__METHODS", "post")
+    with pytest.raises(ValidationError, match=r"routes\.0\.methods"):
+        ConcurrencySettings()
+
+
 def test_invalid_environment_names_the_field(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("GYM_CONCURRENCY_ROUTES", json.dumps([route(max_concurrent=0)]))
     with pytest.raises(ValidationError, match=r"routes\.0\.max_concurrent"):
