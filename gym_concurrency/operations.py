@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from contextlib import AbstractAsyncContextManager
 from time import perf_counter
 from types import TracebackType
@@ -51,6 +51,10 @@ class ResourcesOperation:
 
     def __repr__(self) -> str:
         return f"<ResourcesOperation outcome={self._outcome!r}>"
+
+
+# (operation, executor) -> the same tuple, for every valid pair: one lookup validates both.
+_KEYS: dict[_Key, _Key] = {key: key for key in _BASE_ATTRIBUTES}
 
 
 class _OperationMetrics:
@@ -123,35 +127,51 @@ def resources_operation(
     """Enter `limit` (any async context manager, such as an asyncio.Semaphore) and report the
     operation. An exception sets the outcome to error, or cancelled for a cancellation, unless
     the block already set one."""
-    key = (
-        names.check_member("operation", operation, names.OPERATIONS),
-        names.check_member("executor", executor, names.EXECUTORS),
-    )
+    try:
+        key = _KEYS.get((operation, executor))
+    except TypeError:  # an unhashable name: check_member below says what is wrong with it
+        key = None
+    if key is None:
+        key = (
+            names.check_member("operation", operation, names.OPERATIONS),
+            names.check_member("executor", executor, names.EXECUTORS),
+        )
     return _Operation(limit, key, meter_provider)
 
 
-class _Operation:
-    """The async context manager `resources_operation` returns; one use only."""
+# Types already seen to be async context managers: checking each limit costs two hasattr.
+_LIMIT_TYPES: set[type] = set()
 
-    __slots__ = ("_entered_at", "_exit", "_key", "_limit", "_metrics", "_operation", "_provider")
+
+def _check_limit(limit: object) -> None:
+    kind = type(limit)  # `async with` looks the methods up on the type, so check it there
+    if not (hasattr(kind, "__aenter__") and hasattr(kind, "__aexit__")):
+        raise TypeError(f"limit must be an async context manager, got {limit!r}")
+    _LIMIT_TYPES.add(kind)
+
+
+class _Operation(ResourcesOperation):
+    """The async context manager `resources_operation` returns, and the operation it yields;
+    one use only."""
+
+    __slots__ = ("_entered_at", "_key", "_limit", "_metrics", "_provider")
 
     def __init__(
         self, limit: AbstractAsyncContextManager[Any], key: _Key, provider: MeterProvider | None
     ) -> None:
-        if not (hasattr(limit, "__aenter__") and hasattr(limit, "__aexit__")):
-            raise TypeError(f"limit must be an async context manager, got {limit!r}")
+        if type(limit) not in _LIMIT_TYPES:
+            _check_limit(limit)
         self._limit = limit
         self._key = key
         self._provider = provider
-        self._operation = ResourcesOperation()
-        self._metrics: _OperationMetrics | None = None
-        self._entered_at = 0.0
+        self._outcome = None
+        # _metrics and _entered_at are set by __aenter__, before anything reads them.
 
     async def __aenter__(self) -> ResourcesOperation:
         metrics = self._metrics = _metrics(self._provider)
         if metrics is None:
             await self._limit.__aenter__()
-            return self._operation
+            return self
         key = self._key
         metrics.queued[key] = metrics.queued.get(key, 0) + 1
         started = perf_counter()
@@ -163,26 +183,36 @@ class _Operation:
             metrics.queue_duration.record((entered - started) * 1000.0, _BASE_ATTRIBUTES[key])
         metrics.active[key] = metrics.active.get(key, 0) + 1
         self._entered_at = entered
-        return self._operation
+        return self
 
-    async def __aexit__(
+    def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool | None:
-        operation = self._operation
-        if operation._outcome is None:
-            operation._outcome = _outcome_of(exc_type)
+    ) -> Awaitable[bool | None]:
+        outcome = self._outcome
+        if outcome is None:
+            outcome = self._outcome = "ok" if exc_type is None else _outcome_of(exc_type)
         metrics = self._metrics
-        if metrics is None:
-            return await self._limit.__aexit__(exc_type, exc, tb)
+        if metrics is None:  # disabled: the limit's own exit is all there is to await
+            return self._limit.__aexit__(exc_type, exc, tb)
+        return self._exit_recording(metrics, outcome, exc_type, exc, tb)
+
+    async def _exit_recording(
+        self,
+        metrics: _OperationMetrics,
+        outcome: str,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
         ran_ms = (perf_counter() - self._entered_at) * 1000.0
         try:
             return await self._limit.__aexit__(exc_type, exc, tb)
         finally:
             metrics.active[self._key] -= 1
-            attributes = _OUTCOME_ATTRIBUTES[(*self._key, operation._outcome)]
+            attributes = _OUTCOME_ATTRIBUTES[(*self._key, outcome)]
             metrics.duration.record(ran_ms, attributes)
 
 

@@ -128,18 +128,30 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
 
     # --- acquire / release -----------------------------------------------------------
 
+    async def __aenter__(self) -> None:
+        # Same as acquire(), inlined: the stdlib mixin's `await self.acquire()` costs a second
+        # coroutine on every entry.
+        if self._active < self._limit and not self._queue:
+            self._active += 1
+            return
+        self._shed_if_full()
+        await self._wait()
+
     async def acquire(self) -> Literal[True]:
         """Take a slot, waiting in FIFO order; raises TimeoutError, QueueFullError or cancels."""
         if self._active < self._limit and not self._queue:
             self._active += 1
             return True
+        self._shed_if_full()
+        return await self._wait()
+
+    def _shed_if_full(self) -> None:
         if self._max_queue is not None and len(self._queue) >= self._max_queue:
             self._shed += 1
             raise QueueFullError(
                 f"{self._describe()}: {len(self._queue)} tasks already waiting "
                 f"(max_queue={self._max_queue})"
             )
-        return await self._wait()
 
     async def _wait(self) -> Literal[True]:
         loop = asyncio.get_running_loop()
@@ -178,7 +190,10 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
         """Give a slot back: to the longest waiter if any. Raises ValueError if none is held."""
         if self._active <= 0:
             raise ValueError(f"{self._describe()} released with no slot held")
-        self._hand_over()
+        if self._queue:
+            self._hand_over()
+        else:
+            self._active -= 1
 
     def _hand_over(self) -> None:
         queue = self._queue
