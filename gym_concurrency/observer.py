@@ -12,7 +12,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
@@ -95,53 +95,78 @@ def _attribute_key(semaphore: MeteredSemaphore) -> _AttributeKey:
     return key
 
 
+class _Instrument(NamedTuple):
+    name: str
+    monotonic: bool  # an observable counter, else an observable up-down counter
+    read: _Reading  # None leaves the semaphore out (no timeout: no timeouts series)
+    unit: str
+    description: str
+
+
+_INSTRUMENTS = (
+    _Instrument(
+        names.CONCURRENCY_LIMIT_INSTRUMENT,
+        monotonic=False,
+        read=lambda s: s.limit,
+        unit=names.SLOT_UNIT,
+        description="Slots a concurrency limit allows.",
+    ),
+    _Instrument(
+        names.CONCURRENCY_ACTIVE_INSTRUMENT,
+        monotonic=False,
+        read=lambda s: s.active,
+        unit=names.SLOT_UNIT,
+        description="Slots of a concurrency limit held now.",
+    ),
+    _Instrument(
+        names.CONCURRENCY_AVAILABLE_INSTRUMENT,
+        monotonic=False,
+        read=lambda s: s.available,
+        unit=names.SLOT_UNIT,
+        description="Slots of a concurrency limit free now.",
+    ),
+    _Instrument(
+        names.QUEUE_DEPTH_INSTRUMENT,
+        monotonic=False,
+        read=lambda s: s.queue_depth,
+        unit=names.REQUEST_UNIT,
+        description="Tasks waiting for a slot of a concurrency limit now.",
+    ),
+    _Instrument(
+        names.ADMISSION_TIMEOUTS_INSTRUMENT,
+        monotonic=True,
+        read=lambda s: None if s.timeout is None else s.admission_timeouts,
+        unit=names.REQUEST_UNIT,
+        description="Waits for a slot that gave up at the limit's timeout.",
+    ),
+    _Instrument(
+        names.ADMISSION_CANCELLED_INSTRUMENT,
+        monotonic=True,
+        read=lambda s: s.admission_cancelled,
+        unit=names.REQUEST_UNIT,
+        description="Waits for a slot that were cancelled (e.g. the client went away).",
+    ),
+    _Instrument(
+        names.ADMISSION_SHED_INSTRUMENT,
+        monotonic=True,
+        read=lambda s: None if s.max_queue is None else s.admission_shed,
+        unit=names.REQUEST_UNIT,
+        description="Acquires refused at once because the limit's queue was full.",
+    ),
+)
+
+
 def _create_instruments(meter: Meter) -> list[Any]:
-    gauge = meter.create_observable_up_down_counter
-    counter = meter.create_observable_counter
-    return [
-        gauge(
-            names.CONCURRENCY_LIMIT_INSTRUMENT,
-            [_callback("limit", lambda s: s.limit)],
-            unit=names.SLOT_UNIT,
-            description="Slots a concurrency limit allows.",
-        ),
-        gauge(
-            names.CONCURRENCY_ACTIVE_INSTRUMENT,
-            [_callback("active", lambda s: s.active)],
-            unit=names.SLOT_UNIT,
-            description="Slots of a concurrency limit held now.",
-        ),
-        gauge(
-            names.CONCURRENCY_AVAILABLE_INSTRUMENT,
-            [_callback("available", lambda s: s.available)],
-            unit=names.SLOT_UNIT,
-            description="Slots of a concurrency limit free now.",
-        ),
-        gauge(
-            names.QUEUE_DEPTH_INSTRUMENT,
-            [_callback("queue_depth", lambda s: s.queue_depth)],
-            unit=names.REQUEST_UNIT,
-            description="Tasks waiting for a slot of a concurrency limit now.",
-        ),
-        counter(
-            names.ADMISSION_TIMEOUTS_INSTRUMENT,
-            [_callback("timeouts", lambda s: None if s.timeout is None else s.admission_timeouts)],
-            unit=names.REQUEST_UNIT,
-            description="Waits for a slot that gave up at the limit's timeout.",
-        ),
-        counter(
-            names.ADMISSION_CANCELLED_INSTRUMENT,
-            [_callback("cancelled", lambda s: s.admission_cancelled)],
-            unit=names.REQUEST_UNIT,
-            description="Waits for a slot that were cancelled (e.g. the client went away).",
-        ),
-        counter(
-            names.ADMISSION_SHED_INSTRUMENT,
-            [_callback("shed", lambda s: None if s.max_queue is None else s.admission_shed)],
-            unit=names.REQUEST_UNIT,
-            description="Acquires refused at once because the limit's queue was full.",
-        ),
-    ]
+    made = []
+    for spec in _INSTRUMENTS:
+        create = (
+            meter.create_observable_counter
+            if spec.monotonic
+            else meter.create_observable_up_down_counter
+        )
+        callbacks = [_callback(spec.name, spec.read)]
+        made.append(create(spec.name, callbacks, unit=spec.unit, description=spec.description))
+    return made
 
 
 def _callback(what: str, read: _Reading) -> Callable[[CallbackOptions], Iterable[Observation]]:

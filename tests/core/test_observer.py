@@ -161,7 +161,8 @@ def test_a_failing_reading_never_reaches_the_sdk_and_is_logged_once(
         for _ in range(3):
             collected = metrics.collect()
     assert CONCURRENCY_LIMIT_INSTRUMENT in collected  # the other instruments still report
-    failures = [r for r in caplog.records if "observing active failed" in r.getMessage()]
+    message = "observing gym.concurrency.active failed"
+    failures = [r for r in caplog.records if message in r.getMessage()]
     assert len(failures) == 1
     del broken
     gc.collect()
