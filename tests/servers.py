@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -14,7 +15,7 @@ from typing import Any
 
 import uvicorn
 
-__all__ = ["UvicornServer", "free_port", "wait_until"]
+__all__ = ["UvicornServer", "eventually", "free_port", "wait_until"]
 
 
 def free_port() -> int:
@@ -31,6 +32,15 @@ def wait_until(condition: Any, timeout: float = 10.0, what: str = "condition") -
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.005)
+
+
+async def eventually(condition: Any, what: str, seconds: float = 4.0) -> None:
+    """`wait_until` for a coroutine: polls without blocking the event loop."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+        await asyncio.sleep(0.002)
 
 
 class UvicornServer:

@@ -12,6 +12,7 @@ import pytest
 from apps import Gate, make_app
 from conftest import limits_of
 from gym_concurrency.middleware import ConcurrencySettings, RouteLimit
+from servers import eventually
 
 
 def settings_for(component: str, *routes: dict[str, Any], **fields: Any) -> ConcurrencySettings:
@@ -41,19 +42,11 @@ async def serve(component: str) -> AsyncIterator[Any]:
         await client.aclose()
 
 
-async def until(condition: Any, what: str) -> None:
-    for _ in range(2000):
-        if condition():
-            return
-        await asyncio.sleep(0.002)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 async def hold(client: httpx.AsyncClient, gate: Gate, path: str = "/run") -> asyncio.Task[Any]:
     """Start a request that the app holds until the gate opens; returns once it is inside."""
     inside = gate.inside
     task = asyncio.create_task(client.post(path, content=b"{}"))
-    await until(lambda: gate.inside > inside, f"{path} to be inside the app")
+    await eventually(lambda: gate.inside > inside, f"{path} to be inside the app")
     return task
 
 
@@ -107,7 +100,7 @@ async def test_full_queue_sheds_only_past_max_queue(serve: Any, component: str):
     first = await hold(client, gate)
     queued = asyncio.create_task(client.post("/run", content=b"queued"))
     semaphore = limits_of(component)["episodes"]
-    await until(lambda: semaphore.queue_depth == 1, "one request to queue")
+    await eventually(lambda: semaphore.queue_depth == 1, "one request to queue")
     assert (await client.post("/run", content=b"{}")).status_code == 503
     gate.open = True
     assert (await first).status_code == 200
@@ -208,7 +201,7 @@ async def test_retry_after(serve: Any, fields: dict[str, Any], retry_after: str)
 async def test_streaming_body_keeps_the_slot(serve: Any, component: str):
     client, gate = await serve(limit("/stream", queue_timeout_seconds=0.05))
     streaming = asyncio.create_task(client.get("/stream"))
-    await until(lambda: gate.inside == 1, "the stream to send its first chunk")
+    await eventually(lambda: gate.inside == 1, "the stream to send its first chunk")
     semaphore = limits_of(component)["episodes"]
     assert semaphore.active == 1
     assert (await client.get("/stream")).status_code == 503
@@ -238,7 +231,7 @@ async def test_queued_body_is_replayed_to_the_app(serve: Any, component: str):
 
     queued = asyncio.create_task(client.post("/run", content=chunks()))
     semaphore = limits_of(component)["episodes"]
-    await until(lambda: semaphore.queue_depth == 1, "the request to queue")
+    await eventually(lambda: semaphore.queue_depth == 1, "the request to queue")
     gate.open = True
     await first
     assert (await queued).json() == {"path": "/run", "body": body.decode()}
@@ -250,7 +243,7 @@ async def test_cancelled_while_queued_leaves_the_queue(serve: Any, component: st
     first = await hold(client, gate)
     queued = asyncio.create_task(client.post("/run", content=b"{}"))
     semaphore = limits_of(component)["episodes"]
-    await until(lambda: semaphore.queue_depth == 1, "the request to queue")
+    await eventually(lambda: semaphore.queue_depth == 1, "the request to queue")
     queued.cancel()
     with pytest.raises(asyncio.CancelledError):
         await queued

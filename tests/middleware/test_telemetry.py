@@ -18,18 +18,11 @@ from gym_concurrency.middleware import (
     RouteLimit,
     operation_limit,
 )
+from servers import eventually
 
 from gym_concurrency import OPERATION_BOUNDARIES_MS, ResourcesOperation
 
 Judge = Annotated[OperationHandle, Depends(operation_limit("judge"))]
-
-
-async def until(condition: Any, what: str) -> None:
-    for _ in range(2000):
-        if condition():
-            return
-        await asyncio.sleep(0.002)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_queue_wait_histogram_by_outcome(metrics: Any, component: str):
@@ -50,14 +43,14 @@ async def test_queue_wait_histogram_by_outcome(metrics: Any, component: str):
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         first = asyncio.create_task(client.post("/run", content=b"{}"))
-        await until(lambda: gate.inside == 1, "the first request inside")
+        await eventually(lambda: gate.inside == 1, "the first request inside")
         semaphore = limits_of(component)["episodes"]
         timing_out = asyncio.create_task(client.post("/run", content=b"{}"))
-        await until(lambda: semaphore.queue_depth == 1, "a request queued")
+        await eventually(lambda: semaphore.queue_depth == 1, "a request queued")
         assert (await client.post("/run", content=b"{}")).status_code == 503  # shed
         assert (await timing_out).status_code == 503
         cancelled = asyncio.create_task(client.post("/run", content=b"{}"))
-        await until(lambda: semaphore.queue_depth == 1, "a request queued")
+        await eventually(lambda: semaphore.queue_depth == 1, "a request queued")
         cancelled.cancel()
         with pytest.raises(asyncio.CancelledError):
             await cancelled
@@ -154,7 +147,7 @@ async def test_operation_limit_timeout_is_seen(metrics: Any, component: str):
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         holding = asyncio.create_task(client.post("/verify"))
-        await until(
+        await eventually(
             lambda: (
                 limits_of(component).get("judge") is not None
                 and limits_of(component)["judge"].active == 1
