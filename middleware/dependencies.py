@@ -4,7 +4,7 @@ configured OperationLimit through `resources_operation`, timing only the guarded
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -60,20 +60,33 @@ class OperationHandle:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        result: bool | None = await self._pop_open().__aexit__(exc_type, exc, tb)
+        return result
+
+    def _pop_open(self) -> Any:
+        """The block this exit closes: the current task's innermost, else (an async generator
+        finalized in another task) the most recently opened one: each releases one slot of the
+        same semaphore, so the count stays exact either way."""
         task = asyncio.current_task()
+        if task not in self._open:
+            if not self._open:
+                raise RuntimeError("OperationHandle exited more often than it was entered")
+            task = next(reversed(self._open))
         stack = self._open[task]
         operation = stack.pop()
         if not stack:
             del self._open[task]
-        result: bool | None = await operation.__aexit__(exc_type, exc, tb)
-        return result
+        return operation
 
 
-def operation_limit(limit_name: str) -> Callable[[HTTPConnection], OperationHandle]:
+def operation_limit(
+    limit_name: str,
+) -> Callable[[HTTPConnection], Coroutine[Any, Any, OperationHandle]]:
     """A FastAPI dependency giving the handle of the OperationLimit named `limit_name`:
     `Judge = Annotated[OperationHandle, Depends(operation_limit("judge"))]`."""
 
-    def dependency(connection: HTTPConnection) -> OperationHandle:
+    # async: a plain def would wait for a worker thread first, a queue no metric shows.
+    async def dependency(connection: HTTPConnection) -> OperationHandle:
         limits: ConcurrencyLimits | None = connection.scope.get(LIMITS_SCOPE_KEY)
         if limits is None:
             raise RuntimeError(

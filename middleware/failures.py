@@ -122,7 +122,7 @@ def episode_ids(request_body: bytes) -> tuple[str | int | None, str | int | None
     None where absent, not a string or integer, or the body is not a JSON object."""
     try:
         request = json.loads(request_body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON (UnicodeDecodeError is a ValueError)
         return None, None
     if not isinstance(request, dict):
         return None, None

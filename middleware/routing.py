@@ -205,6 +205,10 @@ def _attach(entries: list[_Entry[T]], index: int, route_limit: RouteLimit, limit
         for method in route_limit.methods:
             if entry.methods is None or method in entry.methods:
                 entry.by_method[method] = limit
+        if "GET" in route_limit.methods and entry.methods and "HEAD" in entry.methods:
+            # Starlette serves HEAD with the GET endpoint: the same work, under the same limit
+            # (unless a RouteLimit names HEAD itself).
+            entry.by_method.setdefault("HEAD", limit)
 
 
 def _route_path(scope: Scope) -> str:

@@ -147,6 +147,8 @@ async def test_openai_profile(serve: Any, fields: dict[str, Any], reason: str, c
         (b"[1, 2]", None, None),
         (b"not json", None, None),
         (b"", None, None),
+        (b"\xff\xfe", None, None),
+        (b"[" * 100_000, None, None),  # deeper than the JSON parser recurses
     ],
 )
 @pytest.mark.parametrize(
@@ -320,3 +322,36 @@ async def test_unlimited_routes_and_paths_under_a_mount_pass(serve: Any, compone
     gate.open = True
     await first
     assert limits_of(component)["episodes"].admission_timeouts == 0
+
+
+async def test_head_served_by_a_get_route_shares_its_limit(component: str):
+    # Starlette serves HEAD with a GET route's endpoint: the same work, so the same limit.
+    from fastapi import FastAPI, Request
+    from gym_concurrency.middleware import ConcurrencyLimitMiddleware
+    from starlette.responses import PlainTextResponse
+
+    app = FastAPI()
+    gate = asyncio.Event()
+
+    async def page(request: Request) -> PlainTextResponse:
+        await gate.wait()
+        return PlainTextResponse("page")
+
+    app.add_route("/page", page, methods=["GET"])
+    settings = settings_for(component, limit("/page", methods=["GET"], max_queue=0))
+    app.add_middleware(ConcurrencyLimitMiddleware, settings=settings)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        held = asyncio.create_task(client.get("/page"))
+        await eventually(lambda: gate_holders(component) == 1, "the GET to hold the slot")
+        semaphore = limits_of(component)["episodes"]
+        head = await client.head("/page")
+        gate.set()
+        assert (await held).status_code == 200
+    assert head.status_code == 503
+    assert semaphore.admission_shed == 1
+
+
+def gate_holders(component: str) -> int:
+    limits = limits_of(component)
+    return limits["episodes"].active if "episodes" in limits else 0
