@@ -2,18 +2,22 @@
 
 Per-route admission with documented failure responses (`ConcurrencyLimitMiddleware`), its
 settings (`ConcurrencySettings`, `RouteLimit`, `OperationLimit`), and dependency handles that
-put verifier / judge / tool work under a metered limit (`operation_limit`).
+put verifier / judge / tool work under a metered limit (`operation_limit`), and a live
+status view of every limit (`ConcurrencyStatusView`).
 """
 
 from .admission import ConcurrencyLimitMiddleware
 from .dependencies import OperationHandle, operation_limit
 from .settings import ConcurrencySettings, OperationLimit, RouteLimit
+from .status import ConcurrencyStatusView, status_snapshot
 
 __all__ = [
     "ConcurrencyLimitMiddleware",
     "ConcurrencySettings",
+    "ConcurrencyStatusView",
     "OperationHandle",
     "OperationLimit",
     "RouteLimit",
     "operation_limit",
+    "status_snapshot",
 ]

@@ -14,8 +14,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.responses import Response
-from gym_concurrency.middleware import ConcurrencyLimitMiddleware
-from gym_concurrency.middleware.status import ConcurrencyStatusView
+from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencyStatusView
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .config import DemoConfig, load_concurrency_settings
