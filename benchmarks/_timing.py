@@ -160,7 +160,7 @@ def markdown_table(comparison: Comparison, targets: dict[str, float] | None = No
         ratio = comparison.ratio(name)
         verdict = "| |"
         if target is not None:
-            verdict = f"<= {target:.1f}x | {'yes' if ratio <= target else '**no**'} |"
+            verdict = f"<= {target!r}x | {'yes' if ratio <= target else '**no**'} |"
         lines.append(
             f"| {name} | {comparison.n[name]} | {format_ns(statistics.median(values))} | "
             f"{ratio:.3f}x ({min(ratios):.2f}-{max(ratios):.2f}) | {verdict}"
