@@ -131,16 +131,20 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
     async def __aenter__(self) -> None:
         # Same as acquire(), inlined: the stdlib mixin's `await self.acquire()` costs a second
         # coroutine on every entry.
+        if not self.try_acquire():
+            self._shed_if_full()
+            await self._wait()
+
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free and nobody waits, without waiting; True if taken."""
         if self._active < self._limit and not self._queue:
             self._active += 1
-            return
-        self._shed_if_full()
-        await self._wait()
+            return True
+        return False
 
     async def acquire(self) -> Literal[True]:
         """Take a slot, waiting in FIFO order; raises TimeoutError, QueueFullError or cancels."""
-        if self._active < self._limit and not self._queue:
-            self._active += 1
+        if self.try_acquire():
             return True
         self._shed_if_full()
         return await self._wait()

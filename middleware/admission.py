@@ -77,17 +77,16 @@ class ConcurrencyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         semaphore = route.semaphore
-        if semaphore.locked():  # it must wait or be refused: a responder watches the client
+        if not semaphore.try_acquire():  # it must wait or be refused: watch the client
             await _QueuedAdmission(self.app, route, self._recorder, self.settings)(
                 scope, receive, send
             )
             return
-        # A free slot and nobody waiting: taken at once, so the wait recorded is zero.
-        histogram = self._recorder.histogram()
-        if histogram is not None:
-            self._recorder.record(histogram, 0.0, route.wait_attributes["admitted"])
-        await semaphore.acquire()
-        try:
+        try:  # the slot is held from here on: nothing may come between taking and `try`
+            # A free slot and nobody waiting: taken at once, so the wait recorded is zero.
+            histogram = self._recorder.histogram()
+            if histogram is not None:
+                self._recorder.record(histogram, 0.0, route.wait_attributes["admitted"])
             await self.app(scope, receive, send)
         finally:
             semaphore.release()

@@ -86,6 +86,21 @@ async def test_release_hands_the_slot_to_the_waiter_not_a_newcomer() -> None:
     assert sem.active == 0
 
 
+async def test_try_acquire_takes_a_free_slot_but_never_jumps_the_queue() -> None:
+    sem = MeteredSemaphore(2)
+    assert sem.try_acquire() is True
+    assert sem.try_acquire() is True
+    assert sem.try_acquire() is False  # full
+    waiter = asyncio.create_task(sem.acquire())
+    await settle()
+    sem.release()  # handed to the waiter, which has not resumed yet
+    assert sem.try_acquire() is False  # the slot is the waiter's, not a newcomer's
+    await waiter
+    sem.release()
+    assert sem.try_acquire() is True  # free, and nobody waits
+    assert (sem.active, sem.queue_depth, sem.admission_shed) == (2, 0, 0)
+
+
 async def test_over_release_raises_and_changes_nothing() -> None:
     sem = MeteredSemaphore(2)
     await sem.acquire()
