@@ -129,8 +129,7 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
     # --- acquire / release -----------------------------------------------------------
 
     async def __aenter__(self) -> None:
-        # Same as acquire(), inlined: the stdlib mixin's `await self.acquire()` costs a second
-        # coroutine on every entry.
+        # acquire() without a second coroutine: the stdlib mixin awaits self.acquire().
         if not self.try_acquire():
             self._shed_if_full()
             await self._wait()
@@ -211,6 +210,8 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
     def _describe(self) -> str:
         if self._limit_name is None:
             return type(self).__name__
+        if self._component is None:
+            return f"limit {self._limit_name}"
         return f"limit {self._component}/{self._limit_name}"
 
 
