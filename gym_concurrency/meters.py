@@ -6,12 +6,13 @@ providers discard every point, so building attributes and reading clocks for the
 
 from __future__ import annotations
 
+import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Generic, TypeVar
 
 from opentelemetry import metrics
-from opentelemetry.metrics import Meter, MeterProvider, NoOpMeterProvider
+from opentelemetry.metrics import Histogram, Meter, MeterProvider, NoOpMeterProvider
 
 from .names import METER_NAME
 
@@ -24,6 +25,8 @@ except ImportError:  # pragma: no cover - a future API that moved them
 
 SCOPE_VERSION = "0.1.0"
 T = TypeVar("T")
+
+_log = logging.getLogger("gym_concurrency")
 
 _MOVED = object()  # the API no longer has the private global: ask it the public way
 _METERS: weakref.WeakKeyDictionary[MeterProvider, Meter] = weakref.WeakKeyDictionary()
@@ -90,3 +93,27 @@ class PerMeter(Generic[T]):
                 found = self.made[meter] = self._make(meter)
         self._last = (provider, found)
         return found
+
+
+class SafeRecorder:
+    """Records histogram points; an SDK failure is logged (the first with its traceback, later
+    ones at debug level) and never raised into the work being measured."""
+
+    __slots__ = ("_failures",)
+
+    def __init__(self) -> None:
+        self._failures = 0
+
+    def record(self, histogram: Histogram, value: float, attributes: Mapping[str, str]) -> None:
+        """Record `value` on `histogram`, whatever the SDK does."""
+        try:
+            histogram.record(value, attributes)
+        except Exception:  # an exporter or SDK bug must not fail the request or the operation
+            self._failures += 1
+            name = getattr(histogram, "name", "a histogram")
+            if self._failures == 1:
+                _log.exception(
+                    "gym_concurrency: recording %s failed (further failures logged at debug)", name
+                )
+            else:
+                _log.debug("gym_concurrency: recording %s failed again", name)

@@ -12,7 +12,7 @@ from typing import Any
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
 from . import names
-from .meters import PerMeter
+from .meters import PerMeter, SafeRecorder
 
 __all__ = ["ResourcesOperation", "operation_counts", "resources_operation"]
 
@@ -57,10 +57,11 @@ class ResourcesOperation:
 _KEYS: dict[_Key, _Key] = {key: key for key in _BASE_ATTRIBUTES}
 
 
-class _OperationMetrics:
+class _OperationMetrics(SafeRecorder):
     """The instruments and live counts behind `resources_operation`, one set per meter."""
 
     def __init__(self, meter: Meter) -> None:
+        super().__init__()
         self.queued: dict[_Key, int] = {}
         self.active: dict[_Key, int] = {}
         self.queue_duration = meter.create_histogram(
@@ -180,7 +181,8 @@ class _Operation(ResourcesOperation):
         finally:
             entered = perf_counter()
             metrics.queued[key] -= 1
-            metrics.queue_duration.record((entered - started) * 1000.0, _BASE_ATTRIBUTES[key])
+            queued_ms = (entered - started) * 1000.0
+            metrics.record(metrics.queue_duration, queued_ms, _BASE_ATTRIBUTES[key])
         metrics.active[key] = metrics.active.get(key, 0) + 1
         self._entered_at = entered
         return self
@@ -193,7 +195,7 @@ class _Operation(ResourcesOperation):
     ) -> Awaitable[bool | None]:
         outcome = self._outcome
         if outcome is None:
-            outcome = self._outcome = "ok" if exc_type is None else _outcome_of(exc_type)
+            outcome = self._outcome = _outcome_of(exc_type)
         metrics = self._metrics
         if metrics is None:  # disabled: the limit's own exit is all there is to await
             return self._limit.__aexit__(exc_type, exc, tb)
@@ -213,7 +215,7 @@ class _Operation(ResourcesOperation):
         finally:
             metrics.active[self._key] -= 1
             attributes = _OUTCOME_ATTRIBUTES[(*self._key, outcome)]
-            metrics.duration.record(ran_ms, attributes)
+            metrics.record(metrics.duration, ran_ms, attributes)
 
 
 def _outcome_of(exc_type: type[BaseException] | None) -> str:

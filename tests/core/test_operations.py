@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 import textwrap
@@ -10,6 +11,9 @@ import textwrap
 import anyio
 import pytest
 from opentelemetry.metrics import NoOpMeterProvider
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.view import Aggregation, View
 
 from gym_concurrency import (
     ACTIVE_INSTRUMENT,
@@ -231,3 +235,32 @@ def test_records_only_once_a_global_sdk_provider_is_set() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0", "1", "1"]
+
+
+class BrokenAggregation(Aggregation):
+    """The SDK cannot aggregate: every record on a matching instrument raises."""
+
+    def _create_aggregation(self, *args: object, **kwargs: object) -> object:
+        raise RuntimeError("the SDK failed to record")
+
+
+async def test_a_failing_sdk_never_reaches_the_operation_and_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    view = View(instrument_name="gym.resources.operation.*", aggregation=BrokenAggregation())
+    provider = MeterProvider(metric_readers=[InMemoryMetricReader()], views=[view])
+    limit = MeteredSemaphore(1)
+    outcomes = []
+    with caplog.at_level(logging.DEBUG, logger="gym_concurrency"):
+        for _ in range(3):
+            async with resources_operation(
+                limit, "verify", "inline", meter_provider=provider
+            ) as op:
+                await asyncio.sleep(0)
+            outcomes.append(op.outcome)
+    provider.shutdown()
+    assert outcomes == ["ok", "ok", "ok"]
+    assert limit.active == 0
+    failures = [r for r in caplog.records if "recording gym.resources" in r.getMessage()]
+    assert [r.levelno for r in failures].count(logging.ERROR) == 1  # the first, with traceback
+    assert len(failures) == 6  # two records per operation; the rest at debug level
