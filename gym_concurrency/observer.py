@@ -40,7 +40,6 @@ _global_instruments: list[Any] | None = None
 _provider_instruments: weakref.WeakKeyDictionary[MeterProvider, list[Any]] = (
     weakref.WeakKeyDictionary()
 )
-_failures_logged: set[str] = set()
 
 
 def register(semaphore: MeteredSemaphore) -> None:
@@ -170,12 +169,17 @@ def _create_instruments(meter: Meter) -> list[Any]:
 
 
 def _callback(what: str, read: _Reading) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    failed_before = False  # log the first failure with its traceback, later ones at debug
+
     def observe(options: CallbackOptions) -> Iterable[Observation]:
+        nonlocal failed_before
         try:
             return _observations(read)
         except Exception:  # an exception must never reach the SDK's collection
-            if what not in _failures_logged:
-                _failures_logged.add(what)
+            if failed_before:
+                _log.debug("gym_concurrency: observing %s failed again", what)
+            else:
+                failed_before = True
                 _log.exception("gym_concurrency: observing %s failed; reporting nothing", what)
             return []
 

@@ -151,6 +151,30 @@ async def test_never_entered_records_the_wait_but_no_duration(metrics: MetricsCa
     assert metrics.values(QUEUED_INSTRUMENT)[key("verify", "inline")] == 0
 
 
+async def test_cancelled_while_queued_records_the_wait_and_leaves_the_queue(
+    metrics: MetricsCapture,
+) -> None:
+    limit = MeteredSemaphore(1)
+    await limit.acquire()
+
+    async def queued() -> None:
+        async with resources_operation(limit, "tool", "process", meter_provider=metrics.provider):
+            pytest.fail("the block must not run without the limit")
+
+    task = asyncio.create_task(queued())
+    await asyncio.sleep(0.02)
+    assert metrics.values(QUEUED_INSTRUMENT)[key("tool", "process")] == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert metrics.values(QUEUED_INSTRUMENT)[key("tool", "process")] == 0
+    assert metrics.values(QUEUE_DURATION_INSTRUMENT)[key("tool", "process")].count == 1
+    assert not any(
+        dict(k)[EXECUTOR_ATTRIBUTE] == "process" for k in metrics.values(DURATION_INSTRUMENT)
+    )
+    assert (limit.active, limit.queue_depth, limit.admission_cancelled) == (1, 0, 1)
+
+
 async def test_live_queued_and_active_counts(metrics: MetricsCapture) -> None:
     limit = MeteredSemaphore(2)
     release = asyncio.Event()
@@ -188,7 +212,7 @@ async def test_any_async_context_manager_is_a_limit(metrics: MetricsCapture, mak
     assert metrics.values(DURATION_INSTRUMENT)[key("tool", "inline", "ok")].count == 2
 
 
-async def test_a_no_op_provider_records_nothing_but_still_limits() -> None:
+async def test_a_no_op_provider_still_limits() -> None:
     limit = MeteredSemaphore(1)
     async with resources_operation(
         limit, "tool", "inline", meter_provider=NoOpMeterProvider()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import pytest
 
@@ -183,28 +184,37 @@ async def test_slot_handed_to_the_last_waiter_cancelled_in_the_same_step_is_free
     assert (sem.active, sem.available, sem.admission_cancelled) == (0, 1, 1)
 
 
-async def test_release_and_timeout_due_together_lose_no_slot() -> None:
-    # Whichever of the holder's release and the waiter's deadline runs first, the waiter
-    # is either admitted or timed out, exactly once, and the next waiter gets the slot.
-    outcomes = set()
-    for _ in range(30):
-        sem = MeteredSemaphore(1, timeout=0.01)
-        await sem.acquire()
-        loop = asyncio.get_running_loop()
-        loop.call_later(0.01, sem.release)
-        first = asyncio.create_task(sem.acquire())
-        await asyncio.sleep(0)
-        results = await asyncio.gather(first, return_exceptions=True)
-        admitted = results[0] is True
-        outcomes.add(admitted)
-        assert sem.admission_timeouts == (0 if admitted else 1)
-        assert sem.active == (1 if admitted else 0)
-        if admitted:
-            sem.release()
-        assert (sem.active, sem.queue_depth) == (0, 0)
-        async with sem:
-            pass
-    assert outcomes  # at least one ordering was exercised
+@pytest.mark.parametrize("release_first", [True, False], ids=["release-first", "timeout-first"])
+async def test_release_and_timeout_in_one_loop_step_lose_no_slot(release_first: bool) -> None:
+    # The holder's release and the first waiter's deadline become due while the loop is
+    # blocked, so both run in the same loop step, in the order of their due times. Either
+    # way the first waiter is admitted or timed out exactly once, and the slot reaches the
+    # second waiter.
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _, context: errors.append(context))
+    sem = MeteredSemaphore(1, timeout=0.2)
+    await sem.acquire()
+    started = loop.time()
+    first = asyncio.create_task(sem.acquire())  # its deadline: started + 0.2 (+ a step)
+    await asyncio.sleep(0.05)
+    second = asyncio.create_task(sem.acquire())  # deadline started + 0.25: not due yet
+    await asyncio.sleep(0)
+    loop.call_at(started + (0.18 if release_first else 0.22), sem.release)
+    loop.call_at(started + 0.1, time.sleep, 0.14)  # blocks the loop past both
+    results = await asyncio.gather(first, return_exceptions=True)
+    if release_first:
+        assert results == [True]
+        assert sem.admission_timeouts == 0
+        sem.release()  # the first waiter's slot goes on to the second
+    else:
+        assert isinstance(results[0], TimeoutError)
+        assert sem.admission_timeouts == 1
+    assert await second is True
+    assert (sem.active, sem.queue_depth) == (1, 0)
+    sem.release()
+    assert sem.active == 0
+    assert errors == []
 
 
 async def test_max_queue_sheds_at_once() -> None:
