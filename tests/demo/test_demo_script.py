@@ -1,5 +1,8 @@
-"""./scripts/demo, the README's "start the demo" command: it installs, starts the fake model and
-the demo, serves an episode, and leaves nothing running when it is stopped."""
+"""./scripts/demo, the README's "start the demo" command: it starts the fake model and the demo,
+serves an episode, and leaves nothing running when it is stopped.
+
+It runs with DEMO_SKIP_INSTALL=1 on a venv whose python refuses pip: the test reuses the venv it
+runs from, and must never reinstall the project into it."""
 
 from __future__ import annotations
 
@@ -16,6 +19,19 @@ EPISODE = {"episode_id": "e1", "task": {"task_id": "t1", "prompt": "The answer i
                                         "expected": "42"}}
 
 
+def venv_refusing_pip(root: Path) -> Path:
+    """A venv-shaped folder whose bin/python is this interpreter, except that `-m pip` fails."""
+    python = root / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(
+        "#!/bin/sh\n"
+        'case " $* " in *" -m pip "*) echo "the demo script ran pip" >&2; exit 97;; esac\n'
+        f'exec "{sys.executable}" "$@"\n'
+    )
+    python.chmod(0o755)
+    return root
+
+
 def refused(url: str) -> bool:
     try:
         httpx.get(url, timeout=1)
@@ -27,8 +43,9 @@ def refused(url: str) -> bool:
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
 def test_the_demo_script_serves_an_episode_and_cleans_up(tmp_path: Path, stop_signal: int):
     demo_port, model_port = free_port(), free_port()
-    env = clean_env(PYTHON=sys.executable, VENV=sys.prefix, DEMO_PORT=str(demo_port),
-                    FAKE_MODEL_PORT=str(model_port))
+    venv = venv_refusing_pip(tmp_path / "venv")
+    env = clean_env(PYTHON=sys.executable, VENV=str(venv), DEMO_SKIP_INSTALL="1",
+                    DEMO_PORT=str(demo_port), FAKE_MODEL_PORT=str(model_port))
     log = (tmp_path / "demo-script.log").open("wb")
     script = subprocess.Popen([str(REPO / "scripts" / "demo")], cwd=tmp_path, env=env,
                               stdout=log, stderr=subprocess.STDOUT)

@@ -10,9 +10,10 @@ from typing import Any
 import httpx
 import pytest
 from apps import Gate, make_app
-from conftest import limits_of
 from gym_concurrency.middleware import ConcurrencySettings, RouteLimit
 from servers import eventually
+
+from tests.registry import limits_of
 
 
 def settings_for(component: str, *routes: dict[str, Any], **fields: Any) -> ConcurrencySettings:

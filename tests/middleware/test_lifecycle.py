@@ -7,7 +7,6 @@ from typing import Annotated, Any
 import httpx
 import pytest
 from apps import make_app
-from conftest import limits_of
 from fastapi import Depends
 from gym_concurrency.middleware import (
     ConcurrencySettings,
@@ -17,6 +16,8 @@ from gym_concurrency.middleware import (
 )
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
+
+from tests.registry import limits_of
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
 # Module level: FastAPI resolves string annotations in the module's namespace.

@@ -11,9 +11,10 @@ from typing import Any
 
 import httpx
 from apps import make_app
-from conftest import limits_of
 from gym_concurrency.middleware import ConcurrencySettings, RouteLimit
 from servers import UvicornServer, free_port, wait_until
+
+from tests.registry import limits_of
 
 HERE = Path(__file__).parent
 

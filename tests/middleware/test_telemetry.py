@@ -9,7 +9,6 @@ from typing import Annotated, Any
 import httpx
 import pytest
 from apps import make_app
-from conftest import limits_of
 from fastapi import Depends
 from gym_concurrency.middleware import (
     ConcurrencySettings,
@@ -21,6 +20,7 @@ from gym_concurrency.middleware import (
 from servers import eventually
 
 from gym_concurrency import OPERATION_BOUNDARIES_MS, ResourcesOperation
+from tests.registry import limits_of
 
 Judge = Annotated[OperationHandle, Depends(operation_limit("judge"))]
 
