@@ -80,7 +80,7 @@ def make_app(settings: ConcurrencySettings, *, meter_provider: Any = None) -> tu
         gate.calls["/ws"] = gate.calls.get("/ws", 0) + 1
         await websocket.accept()
         await websocket.send_text("admitted")
-        await websocket.receive_text()
+        await websocket.send_text("echo " + await websocket.receive_text())
         await websocket.close()
 
     router = APIRouter(prefix="/v2")

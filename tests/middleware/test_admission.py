@@ -257,6 +257,29 @@ async def test_cancelled_while_queued_leaves_the_queue(serve: Any, component: st
     assert gate.calls == {"/run": 1}
 
 
+@pytest.mark.parametrize("steps", range(8))
+async def test_cancelled_just_after_admission_frees_the_slot(
+    serve: Any, component: str, steps: int
+):
+    # The slot is handed to the queued request, which is cancelled `steps` event-loop steps
+    # later: before it notices, while it stops watching the client, or once in the app.
+    client, gate = await serve(limit())
+    gate.open = True
+    assert (await client.post("/run", content=b"{}")).status_code == 200  # builds the table
+    semaphore = limits_of(component)["episodes"]
+    await semaphore.acquire()  # the test holds the only slot
+    queued = asyncio.create_task(client.post("/run", content=b"{}"))
+    await eventually(lambda: semaphore.queue_depth == 1, "the request to queue")
+    semaphore.release()
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    queued.cancel()
+    await asyncio.gather(queued, return_exceptions=True)
+    await eventually(lambda: semaphore.active == 0, "the slot to be freed")
+    assert semaphore.queue_depth == 0
+    assert (await client.post("/run", content=b"{}")).status_code == 200
+
+
 async def test_cancelled_while_running_frees_the_slot(serve: Any, component: str):
     client, gate = await serve(limit())
     running = await hold(client, gate)

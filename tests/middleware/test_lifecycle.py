@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 import httpx
@@ -14,6 +15,7 @@ from gym_concurrency.middleware import (
     RouteLimit,
     operation_limit,
 )
+from servers import eventually
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
@@ -99,11 +101,17 @@ async def test_without_lifespan_the_table_is_built_on_the_first_request(componen
             component, {"path": "/run", "limit_name": "e", "max_concurrent": 1, "max_queue": 0}
         )
     )
-    gate.open = True
     transport = httpx.ASGITransport(app=app)  # sends no lifespan events
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-        assert (await client.post("/run", content=b"{}")).status_code == 200
-    assert limits_of(component)["e"].active == 0
+        held = asyncio.create_task(client.post("/run", content=b"{}"))
+        await eventually(lambda: gate.inside == 1, "the first request inside the app")
+        # Bounded: without the limit this request would wait on the closed gate.
+        refused = await asyncio.wait_for(client.post("/run", content=b"{}"), 10)
+        gate.open = True
+        assert (await held).status_code == 200
+    assert (refused.status_code, refused.json()["type"]) == (503, "urn:gym-concurrency:queue-full")
+    semaphore = limits_of(component)["e"]
+    assert (semaphore.active, semaphore.admission_shed) == (0, 1)
 
 
 async def test_without_lifespan_bad_settings_answer_500_naming_the_problem(

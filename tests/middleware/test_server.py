@@ -13,6 +13,7 @@ import httpx
 from apps import make_app
 from gym_concurrency.middleware import ConcurrencySettings, RouteLimit
 from servers import UvicornServer, free_port, wait_until
+from websockets.sync.client import connect
 
 from tests.registry import limits_of
 
@@ -47,8 +48,8 @@ def test_problem_response_over_the_wire(component: str):
     assert limits_of(component)["episodes"].admission_timeouts == 1
 
 
-def test_client_closing_its_socket_while_queued_leaves_the_queue(component: str):
-    app, gate = make_app(settings_for(component))
+def test_client_closing_its_socket_while_queued_leaves_the_queue(metrics: Any, component: str):
+    app, gate = make_app(settings_for(component), meter_provider=metrics.provider)
     with UvicornServer(app) as server:
         holder, _ = post_in_thread(server.url + "/run")
         wait_until(lambda: gate.inside == 1, what="the first request inside the app")
@@ -62,6 +63,9 @@ def test_client_closing_its_socket_while_queued_leaves_the_queue(component: str)
         holder.join(10)
         wait_until(lambda: semaphore.active == 0, what="the slot to be released")
     assert gate.calls == {"/run": 1}  # the app never saw the request that left
+    waits = metrics.values("gym.concurrency.queue_wait_duration_ms")
+    counts = {dict(k)["nemo.gym.concurrency.admission_outcome"]: p.count for k, p in waits.items()}
+    assert counts == {"admitted": 1, "cancelled": 1}
 
 
 def websocket_handshake(port: int) -> socket.socket:
@@ -92,6 +96,39 @@ def test_websocket_closing_while_queued_leaves_the_queue(component: str):
     assert gate.calls == {"/ws": 1}  # the app never saw the socket that left
 
 
+def test_queued_websocket_once_admitted_gets_its_connect_then_live_messages(component: str):
+    settings = ConcurrencySettings(
+        component=component,
+        routes=[RouteLimit(path="/ws", limit_name="sockets", max_concurrent=1,
+                           queue_timeout_seconds=10)],
+    )
+    app, _ = make_app(settings)
+    received: list[Any] = []
+
+    def second_socket(url: str) -> None:
+        try:  # the handshake completes only once the socket is admitted
+            with connect(url, open_timeout=10) as second:
+                received.append(second.recv(timeout=5))
+                second.send("hello")  # sent after admission: read by the app, not the queue
+                received.append(second.recv(timeout=5))
+        except Exception as error:
+            received.append(error)
+
+    with UvicornServer(app) as server:
+        url = f"ws://127.0.0.1:{server.port}/ws"
+        queued = threading.Thread(target=second_socket, args=(url,))
+        with connect(url) as first:
+            assert first.recv(timeout=5) == "admitted"
+            semaphore = limits_of(component)["sockets"]
+            queued.start()
+            wait_until(lambda: semaphore.queue_depth == 1, what="the second socket to queue")
+            first.send("bye")
+            assert first.recv(timeout=5) == "echo bye"
+        queued.join(20)
+    assert received == ["admitted", "echo hello"]
+    assert (semaphore.active, semaphore.admission_timeouts) == (0, 0)
+
+
 def test_stream_keeps_the_slot_until_its_last_byte(component: str):
     app, gate = make_app(settings_for(component, path="/stream", queue_timeout_seconds=0.05))
     with UvicornServer(app) as server, httpx.stream("GET", server.url + "/stream") as response:
@@ -116,15 +153,18 @@ def test_background_task_keeps_the_slot_after_the_response(component: str):
         wait_until(lambda: semaphore.active == 0, what="the slot to be released")
 
 
-def test_lifespan_off_builds_on_the_first_request(component: str):
+def test_lifespan_off_builds_on_the_first_request_and_limits(component: str):
     app, gate = make_app(settings_for(component, max_queue=0))
-    gate.open = True
     with UvicornServer(app, lifespan="off") as server:
-        assert httpx.post(server.url + "/run", content=b"hi").json() == {
-            "path": "/run",
-            "body": "hi",
-        }
-    assert limits_of(component)["episodes"].limit == 1
+        holder, held = post_in_thread(server.url + "/run", b"hi")
+        wait_until(lambda: gate.inside == 1, what="the first request inside the app")
+        refused = httpx.post(server.url + "/run", content=b"{}")
+        gate.open = True
+        holder.join(10)
+    assert held[0].json() == {"path": "/run", "body": "hi"}
+    assert refused.status_code == 503
+    assert refused.json()["type"] == "urn:gym-concurrency:queue-full"
+    assert limits_of(component)["episodes"].admission_shed == 1
 
 
 def test_bad_settings_stop_uvicorn_at_startup(tmp_path: Path):

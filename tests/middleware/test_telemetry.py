@@ -1,9 +1,13 @@
 """What the middleware reports: the queue-wait histogram by admission outcome, and the
-operation histograms of `operation_limit` handles, on an explicit MeterProvider."""
+operation histograms of `operation_limit` handles, on an explicit MeterProvider; and nothing
+while no provider exports."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
@@ -22,6 +26,7 @@ from servers import eventually
 from gym_concurrency import OPERATION_BOUNDARIES_MS, ResourcesOperation
 from tests.registry import limits_of
 
+HERE = Path(__file__).parent
 Judge = Annotated[OperationHandle, Depends(operation_limit("judge"))]
 
 
@@ -85,17 +90,76 @@ async def test_queue_wait_histogram_by_outcome(metrics: Any, component: str):
     assert metrics.values("gym.concurrency.admission_shed_total")[key] == 1
 
 
-async def test_nothing_is_recorded_without_an_exporting_provider(component: str):
-    # The global provider is the API's proxy in tests: the middleware records nothing and works.
+async def test_operation_limits_carry_the_server_name(metrics: Any, component: str):
     settings = ConcurrencySettings(
         component=component,
-        routes=[RouteLimit(path="/run", limit_name="episodes", max_concurrent=1)],
+        server_name="s",
+        operations=[
+            OperationLimit(
+                limit_name="judge", operation="judge", executor="inline", max_concurrent=3
+            )
+        ],
     )
-    app, gate = make_app(settings)
-    gate.open = True
+    app, _ = make_app(settings, meter_provider=metrics.provider)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-        assert (await client.post("/run", content=b"{}")).status_code == 200
+        assert (await client.get("/health")).status_code == 200  # builds the middleware
+    assert limits_of(component)["judge"].server == "s"
+    key = frozenset(
+        {
+            "nemo.gym.concurrency.component": component,
+            "nemo.gym.concurrency.limit_name": "judge",
+            "nemo.gym.server.name": "s",
+        }.items()
+    )
+    assert metrics.values("gym.concurrency.limit")[key] == 3
+
+
+NO_PROVIDER_SCRIPT = """
+import asyncio
+
+import httpx
+from apps import make_app
+from gym_concurrency.meters import current_provider
+from gym_concurrency.middleware import ConcurrencySettings, RouteLimit
+from gym_concurrency.middleware.queue_wait import QueueWaitRecorder
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from tests.metrics_capture import MetricsCapture
+
+assert current_provider() is None, "a global provider is already set"
+route = RouteLimit(path="/run", limit_name="episodes", max_concurrent=1)
+app, gate = make_app(ConcurrencySettings(component="c", routes=[route]))
+gate.open = True
+
+
+async def post() -> int:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        return (await client.post("/run", content=b"{}")).status_code
+
+
+print(asyncio.run(post()), QueueWaitRecorder(None).histogram())
+capture = MetricsCapture(MeterProvider(metric_readers=[reader := InMemoryMetricReader()]), reader)
+metrics.set_meter_provider(capture.provider)
+status = asyncio.run(post())
+print(status, sum(p.count for p in capture.collect()["gym.concurrency.queue_wait_duration_ms"]))
+"""
+
+
+def test_nothing_is_recorded_until_a_global_provider_is_set():
+    # A fresh interpreter: in this one, the global provider depends on what other tests did.
+    env = {"PYTHONPATH": f"{HERE}:{HERE.parents[1]}", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(
+        [sys.executable, "-c", NO_PROVIDER_SCRIPT],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    # No provider: the request works and there is no histogram to record on. Once the global
+    # SDK provider is set, the same middleware records the next wait on it.
+    assert result.stdout.splitlines() == ["200 None", "200 1"]
 
 
 def judge_app(metrics: Any, component: str, **limit: Any) -> tuple[Any, asyncio.Event]:
