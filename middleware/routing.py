@@ -100,11 +100,6 @@ class RouteTable(Generic[T]):
             _attach(entries, index, route_limit, value)
         return cls(entries)
 
-    @property
-    def limited(self) -> bool:
-        """True if any route is limited."""
-        return self._candidates is not None
-
     def resolve(self, scope: Scope) -> T | None:
         """The limit of the route `scope` (http or websocket) is routed to, or None."""
         if self._candidates is None:
