@@ -8,6 +8,7 @@ from collections import OrderedDict
 from typing import Literal
 
 from . import observer
+from .limit import Admission, LimitScope
 
 __all__ = ["MeteredSemaphore", "QueueFullError"]
 
@@ -40,8 +41,10 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
         super().__init__(value)
         self._limit = value
         self._active = 0  # slots held, including ones handed to a waiter not yet resumed
-        # Pending waiters in arrival order; OrderedDict gives O(1) removal from the middle.
-        self._queue: OrderedDict[asyncio.Future[bool], None] = OrderedDict()
+        # Waiters in arrival order, each with its timeout's timer; O(1) removal from the middle.
+        self._queue: OrderedDict[asyncio.Future[Admission], asyncio.TimerHandle | None] = (
+            OrderedDict()
+        )
         self._timeout = timeout
         self._max_queue = max_queue
         self._timeouts = 0
@@ -67,8 +70,8 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
 
     @property
     def available(self) -> int:
-        """Slots free now: `limit - active`."""
-        return self._limit - self._active
+        """Slots free now: `limit - active`, or 0 while a shrunk limit drains."""
+        return max(0, self._limit - self._active)
 
     @property
     def queue_depth(self) -> int:
@@ -101,6 +104,11 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
         return self._max_queue
 
     @property
+    def scope(self) -> LimitScope:
+        """"process": this limit is this process's own."""
+        return "process"
+
+    @property
     def component(self) -> str | None:
         """The component this limit belongs to (a metric attribute)."""
         return self._component
@@ -131,7 +139,6 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
     async def __aenter__(self) -> None:
         # acquire() without a second coroutine: the stdlib mixin awaits self.acquire().
         if not self.try_acquire():
-            self._shed_if_full()
             await self._wait()
 
     def try_acquire(self) -> bool:
@@ -145,67 +152,88 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
         """Take a slot, waiting in FIFO order; raises TimeoutError, QueueFullError or cancels."""
         if self.try_acquire():
             return True
-        self._shed_if_full()
         return await self._wait()
 
-    def _shed_if_full(self) -> None:
+    def enqueue(self) -> asyncio.Future[Admission]:
+        """Join the queue (call after `try_acquire()` failed): the future ends "admitted" (the
+        slot is held), "timeout", or is "shed" already if `max_queue` tasks wait. Never raises."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[Admission] = loop.create_future()
         if self._max_queue is not None and len(self._queue) >= self._max_queue:
             self._shed += 1
+            waiter.set_result("shed")
+            return waiter
+        timer = None
+        if self._timeout is not None:
+            timer = loop.call_later(self._timeout, self._expire, waiter)
+        self._queue[waiter] = timer
+        return waiter
+
+    def leave(self, waiter: asyncio.Future[Admission]) -> None:
+        """Give up waiting: counted as cancelled unless the wait had ended; a slot handed to
+        `waiter` in that same moment passes on to the next waiter, never lost."""
+        if waiter in self._queue:
+            timer = self._queue.pop(waiter)
+            if timer is not None:
+                timer.cancel()
+            self._cancelled += 1
+            if not waiter.done():
+                waiter.cancel()
+        elif waiter.cancelled():  # its task was cancelled while awaiting it, still queued
+            self._cancelled += 1
+        elif waiter.result() == "admitted":
+            self._cancelled += 1
+            self.release()
+
+    async def _wait(self) -> Literal[True]:
+        waiter = self.enqueue()
+        try:
+            result = await waiter
+        except asyncio.CancelledError:
+            self.leave(waiter)
+            raise
+        if result == "admitted":
+            return True
+        if result == "shed":
             raise QueueFullError(
                 f"{self._describe()}: {len(self._queue)} tasks already waiting "
                 f"(max_queue={self._max_queue})"
             )
+        raise TimeoutError(f"{self._describe()}: no slot within {self._timeout} s")
 
-    async def _wait(self) -> Literal[True]:
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[bool] = loop.create_future()
-        self._queue[waiter] = None
-        timer = None
-        if self._timeout is not None:
-            timer = loop.call_later(self._timeout, self._expire, waiter)
-        try:
-            admitted = await waiter
-        except asyncio.CancelledError:
-            self._leave_cancelled(waiter)
-            raise
-        finally:
-            if timer is not None:
-                timer.cancel()
-        if not admitted:
+    def _expire(self, waiter: asyncio.Future[Admission]) -> None:
+        # Called only while `waiter` is queued: handing it a slot or leaving cancels the timer.
+        del self._queue[waiter]
+        if not waiter.done():  # else cancelled with its task, which counts it when it leaves
             self._timeouts += 1
-            raise TimeoutError(f"{self._describe()}: no slot within {self._timeout} s")
-        return True
-
-    def _expire(self, waiter: asyncio.Future[bool]) -> None:
-        # A waiter already handed a slot (or cancelled) is done: the timer lost the race.
-        if not waiter.done():
-            self._queue.pop(waiter, None)
-            waiter.set_result(False)
-
-    def _leave_cancelled(self, waiter: asyncio.Future[bool]) -> None:
-        self._cancelled += 1
-        self._queue.pop(waiter, None)
-        # Handed a slot in the same loop iteration as the cancel: pass it on, never drop it.
-        if waiter.done() and not waiter.cancelled() and waiter.result():
-            self._hand_over()
+            waiter.set_result("timeout")
 
     def release(self) -> None:
         """Give a slot back: to the longest waiter if any. Raises ValueError if none is held."""
         if self._active <= 0:
             raise ValueError(f"{self._describe()} released with no slot held")
-        if self._queue:
-            self._hand_over()
-        else:
-            self._active -= 1
-
-    def _hand_over(self) -> None:
-        queue = self._queue
-        while queue:
-            waiter, _ = queue.popitem(last=False)
-            if not waiter.done():  # cancelled waiters leave on their own; skip them
-                waiter.set_result(True)
-                return
         self._active -= 1
+        if self._queue:
+            self._admit_waiters()
+
+    def resize(self, limit: int) -> None:
+        """Set the number of slots: growing admits waiters at once in FIFO order; shrinking
+        never revokes a held slot (`active` may exceed `limit` until releases drain it)."""
+        _check_value(limit)
+        self._limit = limit
+        self._admit_waiters()
+
+    def _admit_waiters(self) -> None:
+        """Hand free slots to the longest waiters."""
+        queue = self._queue
+        while queue and self._active < self._limit:
+            waiter, timer = queue.popitem(last=False)
+            if timer is not None:
+                timer.cancel()
+            if waiter.done():  # cancelled with its task, which counts it when it leaves
+                continue
+            self._active += 1
+            waiter.set_result("admitted")
 
     def _describe(self) -> str:
         if self._limit_name is None:
