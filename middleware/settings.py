@@ -25,8 +25,12 @@ FailureProfile = Literal["problem", "openai", "episode"]
 _METHOD = re.compile(r"^[A-Z]+$")
 _Name = Annotated[str, Field(min_length=1, max_length=200)]
 _Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-# Bodies of queued requests are held in memory: 1 MiB each unless configured otherwise.
+# Bodies of queued requests are held in memory: 1 MiB each and 64 MiB over all of them,
+# unless configured otherwise; past either bound a queued request stops being read.
 DEFAULT_MAX_QUEUED_BODY_BYTES = 1024 * 1024
+DEFAULT_MAX_QUEUED_BODY_BYTES_TOTAL = 64 * 1024 * 1024
+# How long an episode refusal waits for the rest of a body to echo its ids (a slowloris bound).
+DEFAULT_REFUSAL_BODY_TIMEOUT_SECONDS = 5.0
 
 
 class RouteLimit(BaseModel):
@@ -118,6 +122,9 @@ class ConcurrencySettings(BaseSettings):
     routes: list[RouteLimit] = Field(default_factory=list)
     operations: list[OperationLimit] = Field(default_factory=list)
     max_queued_body_bytes: int = Field(default=DEFAULT_MAX_QUEUED_BODY_BYTES, ge=0)
+    max_queued_body_bytes_total: int = Field(default=DEFAULT_MAX_QUEUED_BODY_BYTES_TOTAL, ge=0)
+    refusal_body_timeout_seconds: _Seconds = DEFAULT_REFUSAL_BODY_TIMEOUT_SECONDS
+    close_connection_on_refusal: bool = False
 
     @field_validator("routes", "operations", mode="before")
     @classmethod
