@@ -59,8 +59,9 @@ class Limit(Protocol):
         """Join the queue; the future ends with how the wait ended (done at once if shed)."""
         ...
 
-    def leave(self, waiter: asyncio.Future[Admission]) -> None:
-        """Give up waiting (counted as cancelled unless the wait had already ended)."""
+    def leave(self, waiter: asyncio.Future[Admission], *, cancelled: bool = True) -> None:
+        """Give up waiting: counted as cancelled (if `cancelled`) unless the wait had ended;
+        a slot handed to `waiter` at that moment passes on."""
         ...
 
     def release(self) -> None:

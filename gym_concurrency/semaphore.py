@@ -169,20 +169,22 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
         self._queue[waiter] = timer
         return waiter
 
-    def leave(self, waiter: asyncio.Future[Admission]) -> None:
-        """Give up waiting: counted as cancelled unless the wait had ended; a slot handed to
-        `waiter` in that same moment passes on to the next waiter, never lost."""
+    def leave(self, waiter: asyncio.Future[Admission], *, cancelled: bool = True) -> None:
+        """Give up waiting: counted as cancelled (unless `cancelled` is False: the request
+        failed on its own) if the wait had not ended otherwise; a slot handed to `waiter` in
+        that same moment passes on to the next waiter, never lost."""
+        counted = int(cancelled)
         if waiter in self._queue:
             timer = self._queue.pop(waiter)
             if timer is not None:
                 timer.cancel()
-            self._cancelled += 1
+            self._cancelled += counted
             if not waiter.done():
                 waiter.cancel()
         elif waiter.cancelled():  # its task was cancelled while awaiting it, still queued
-            self._cancelled += 1
+            self._cancelled += counted
         elif waiter.result() == "admitted":
-            self._cancelled += 1
+            self._cancelled += counted
             self.release()
 
     async def _wait(self) -> Literal[True]:

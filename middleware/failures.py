@@ -3,51 +3,84 @@
 `problem` (RFC 9457 problem details) and `openai` (the OpenAI error shape) answer 503 with
 `Retry-After`; `episode` answers 200 with NeMo Gym's BaseEpisodeResponse carrying a
 non-terminal admission failure, so a rollout collector records it instead of retrying.
+
+Every response is encoded once per route (`RouteFailures`): a refusal only copies the headers
+and sends; an episode refusal splices the request's ids, copied verbatim, into its body.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from starlette.types import Send
 
 from .settings import RouteLimit
 
-__all__ = ["FailureResponse", "Reason", "failure_response", "retry_after_seconds"]
+__all__ = ["Reason", "RouteFailures", "episode_ids", "retry_after_seconds"]
 
-Reason = Literal["timeout", "shed"]
+Reason = Literal["timeout", "shed", "unavailable"]
+REASONS: tuple[Reason, ...] = ("timeout", "shed", "unavailable")
 
 PROBLEM_TYPES: dict[Reason, str] = {
     "timeout": "urn:gym-concurrency:admission-timeout",
     "shed": "urn:gym-concurrency:queue-full",
+    "unavailable": "urn:gym-concurrency:limit-unavailable",
 }
 PROBLEM_TITLES: dict[Reason, str] = {
     "timeout": "Admission timed out",
     "shed": "Admission queue full",
+    "unavailable": "Admission unavailable",
 }
-OPENAI_CODES: dict[Reason, str] = {"timeout": "admission_timeout", "shed": "queue_full"}
+OPENAI_CODES: dict[Reason, str] = {
+    "timeout": "admission_timeout",
+    "shed": "queue_full",
+    "unavailable": "limit_unavailable",
+}
 EPISODE_FAILURE_REASONS: dict[Reason, str] = {
     "timeout": "Episode admission timed out",
     "shed": "Episode admission queue full",
+    "unavailable": "Episode admission unavailable",
 }
+_JSON = b"application/json"
+_PROBLEM_JSON = b"application/problem+json"
+_NULL = b"null"
 
 
-@dataclass(frozen=True, slots=True)
-class FailureResponse:
-    """A complete HTTP response: status, headers and body."""
+class RouteFailures:
+    """The failure responses of one route, one per reason, encoded once."""
 
-    status: int
-    headers: list[tuple[bytes, bytes]]
-    body: bytes
+    __slots__ = ("_bodies", "_headers", "episode", "status")
 
-    async def send(self, send: Send) -> None:
-        """Send the whole response over ASGI `send`."""
-        headers = [*self.headers, (b"content-length", str(len(self.body)).encode())]
+    def __init__(self, route: RouteLimit, *, close_connection: bool = False) -> None:
+        self.episode = route.failure == "episode"
+        self.status = 200 if self.episode else 503
+        self._bodies = {reason: _encoded_body(route, reason) for reason in REASONS}
+        content_type = _PROBLEM_JSON if route.failure == "problem" else _JSON
+        headers = [(b"content-type", content_type)]
+        if not self.episode:
+            headers.append((b"retry-after", str(retry_after_seconds(route)).encode()))
+        if close_connection:  # a client that retries at once pays a reconnect
+            headers.append((b"connection", b"close"))
+        self._headers = headers
+
+    def body(self, reason: Reason, request_body: bytes | None = None) -> bytes:
+        """The body for `reason`; an episode body carries the ids of `request_body` (None:
+        not read in full, so null ids)."""
+        encoded = self._bodies[reason]
+        if not self.episode:
+            return encoded
+        episode_id, task_id = episode_ids(request_body) if request_body else (_NULL, _NULL)
+        return b'{"episode_id":%s,"task_id":%s%s' % (episode_id, task_id, encoded)
+
+    async def send(self, send: Send, reason: Reason, request_body: bytes | None = None) -> None:
+        """Send the whole response for `reason` over ASGI `send`."""
+        body = self.body(reason, request_body)
+        # A fresh headers list each time: outer middlewares may append to it in place.
+        headers = [*self._headers, (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": self.status, "headers": headers})
-        await send({"type": "http.response.body", "body": self.body})
+        await send({"type": "http.response.body", "body": body})
 
 
 def retry_after_seconds(route: RouteLimit) -> int:
@@ -59,27 +92,25 @@ def retry_after_seconds(route: RouteLimit) -> int:
     return 1
 
 
-def failure_response(route: RouteLimit, reason: Reason, request_body: bytes) -> FailureResponse:
-    """The response `route`'s failure profile gives for `reason`; `request_body` feeds the
-    episode profile's ids."""
+def _encoded_body(route: RouteLimit, reason: Reason) -> bytes:
+    """The encoded body; for an episode, all of it after the ids (`,"result":...}`)."""
     if route.failure == "episode":
-        return _json(200, _episode_body(reason, request_body), [])
-    retry_after = [(b"retry-after", str(retry_after_seconds(route)).encode())]
+        rest = _dumps({"result": None, "failure": _episode_failure(reason)})
+        return b"," + rest[1:]
     if route.failure == "openai":
-        return _json(503, _openai_body(route, reason), retry_after)
-    return _json(503, _problem_body(route, reason), retry_after, b"application/problem+json")
+        return _dumps(_openai_body(route, reason))
+    return _dumps(_problem_body(route, reason))
 
 
 def _detail(route: RouteLimit, reason: Reason) -> str:
+    limit = f"{route.limit_name!r} (max_concurrent={route.max_concurrent})"
     if reason == "timeout":
-        return (
-            f"No slot of limit {route.limit_name!r} (max_concurrent={route.max_concurrent}) "
-            f"became free within {route.queue_timeout_seconds:g} s."
-        )
-    return (
-        f"Limit {route.limit_name!r} (max_concurrent={route.max_concurrent}) already has "
-        f"{route.max_queue} requests queued."
-    )
+        seconds = route.queue_timeout_seconds
+        within = "its queue timeout" if seconds is None else f"{seconds:g} s"
+        return f"No slot of limit {limit} became free within {within}."
+    if reason == "shed":
+        return f"Limit {limit} already has {route.max_queue} requests queued."
+    return f"The shared limit {limit} could not be reached."
 
 
 def _problem_body(route: RouteLimit, reason: Reason) -> dict[str, Any]:
@@ -103,47 +134,38 @@ def _openai_body(route: RouteLimit, reason: Reason) -> dict[str, Any]:
     }
 
 
-def _episode_body(reason: Reason, request_body: bytes) -> dict[str, Any]:
-    episode_id, task_id = episode_ids(request_body)
-    return {
-        "episode_id": episode_id,
-        "task_id": task_id,
-        "result": None,
-        "failure": {
-            "failure_reason": EPISODE_FAILURE_REASONS[reason],
-            "terminal": False,
-            "stage": "admission",
-        },
-    }
+def _episode_failure(reason: Reason) -> dict[str, Any]:
+    reason_text = EPISODE_FAILURE_REASONS[reason]
+    return {"failure_reason": reason_text, "terminal": False, "stage": "admission"}
 
 
-def episode_ids(request_body: bytes) -> tuple[str | int | None, str | int | None]:
-    """(episode_id, task_id) of an episode request: `task.task_id` else a top-level `task_id`;
-    None where absent, not a string or integer, or the body is not a JSON object."""
+def episode_ids(request_body: bytes) -> tuple[bytes, bytes]:
+    """(episode_id, task_id) of an episode request, each as encoded JSON copied verbatim
+    whatever value it is: `task.task_id`, else a top-level `task_id`; `null` where absent or
+    the body is not a JSON object."""
     try:
-        request = json.loads(request_body)
+        request = json.loads(request_body, parse_constant=_reject_constant)
     except (ValueError, RecursionError):  # not JSON (UnicodeDecodeError is a ValueError)
-        return None, None
+        return _NULL, _NULL
     if not isinstance(request, dict):
-        return None, None
+        return _NULL, _NULL
     task = request.get("task")
     task_id = task.get("task_id") if isinstance(task, dict) else None
-    if _id_or_none(task_id) is None:
+    if task_id is None:
         task_id = request.get("task_id")
-    return _id_or_none(request.get("episode_id")), _id_or_none(task_id)
+    return _encode_id(request.get("episode_id")), _encode_id(task_id)
 
 
-def _id_or_none(value: object) -> str | int | None:
-    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
-        return value
-    return None
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
-def _json(
-    status: int,
-    body: dict[str, Any],
-    headers: list[tuple[bytes, bytes]],
-    content_type: bytes = b"application/json",
-) -> FailureResponse:
-    encoded = json.dumps(body, separators=(",", ":")).encode()
-    return FailureResponse(status, [(b"content-type", content_type), *headers], encoded)
+def _encode_id(value: object) -> bytes:
+    try:
+        return _dumps(value)
+    except (ValueError, RecursionError):  # a number too large for a float: inf
+        return _NULL
+
+
+def _dumps(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()

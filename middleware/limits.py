@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from opentelemetry.metrics import MeterProvider
 
 from gym_concurrency import MeteredSemaphore, observe_concurrency
+from gym_concurrency.limit import Limit
 from gym_concurrency.names import (
     ADMISSION_OUTCOME_ATTRIBUTE,
     ADMISSION_OUTCOMES,
@@ -16,6 +17,7 @@ from gym_concurrency.names import (
     SERVER_ATTRIBUTE,
 )
 
+from .failures import RouteFailures
 from .settings import ConcurrencySettings, OperationLimit, RouteLimit
 
 __all__ = ["LIMITS_SCOPE_KEY", "ConcurrencyLimits", "LimitedOperation", "LimitedRoute"]
@@ -26,11 +28,13 @@ LIMITS_SCOPE_KEY = "gym_concurrency.limits"
 
 @dataclass(frozen=True, slots=True)
 class LimitedRoute:
-    """A configured route limit with its (possibly shared) semaphore and metric attributes."""
+    """A configured route limit with its (possibly shared) limit, metric attributes and
+    failure responses."""
 
     config: RouteLimit
-    semaphore: MeteredSemaphore
+    limit: Limit
     wait_attributes: dict[str, dict[str, str]]  # queue-wait attributes by admission outcome
+    failures: RouteFailures
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +80,10 @@ class ConcurrencyLimits:
             semaphore = shared[config.limit_name] = self._semaphore(config)
         base = self._attributes(config.limit_name)
         by_outcome = {o: {**base, ADMISSION_OUTCOME_ATTRIBUTE: o} for o in ADMISSION_OUTCOMES}
-        return LimitedRoute(config, semaphore, by_outcome)
+        failures = RouteFailures(
+            config, close_connection=self.settings.close_connection_on_refusal
+        )
+        return LimitedRoute(config, semaphore, by_outcome, failures)
 
     def _semaphore(self, config: RouteLimit | OperationLimit) -> MeteredSemaphore:
         if isinstance(config, RouteLimit):

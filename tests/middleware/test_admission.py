@@ -144,7 +144,16 @@ async def test_openai_profile(serve: Any, fields: dict[str, Any], reason: str, c
         (b'{"episode_id": "ep-2", "task_id": 7}', "ep-2", 7),
         (b'{"episode_id": "ep-3", "task": {"prompt": "p"}}', "ep-3", None),
         (b'{"task": {"task_id": "t-4"}}', None, "t-4"),
-        (b'{"episode_id": {"nested": 1}, "task_id": true}', None, None),
+        # Copied verbatim, whatever JSON value they are (NeMo Gym 0.7.0 sends objects).
+        (b'{"episode_id": {"nested": 1}, "task_id": true}', {"nested": 1}, True),
+        (
+            b'{"episode_id": {"rollout_id": "r-1", "attempt": 2},'
+            b' "task": {"task_id": {"taskset": "math:train", "task_id": "42"}}}',
+            {"rollout_id": "r-1", "attempt": 2},
+            {"taskset": "math:train", "task_id": "42"},
+        ),
+        (b'{"episode_id": 1e999, "task_id": ["a", 1.5]}', None, ["a", 1.5]),
+        (b'{"episode_id": NaN, "task_id": "t"}', None, None),  # NaN is not JSON
         (b"[1, 2]", None, None),
         (b"not json", None, None),
         (b"", None, None),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 import uuid
 from collections.abc import Iterator
@@ -64,7 +65,23 @@ def episode_app(component: str, release: threading.Event) -> FastAPI:
 
 
 def expected_id(value: Any) -> Any:
-    return value if isinstance(value, str | int) and not isinstance(value, bool) else None
+    """An id is copied verbatim, whatever JSON value it is; one holding a number too large
+    for a float (which JSON cannot write back) is null."""
+    return None if _has_non_finite(value) else value
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_non_finite(v) for v in value)
+    return False
+
+
+def _not_json(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 def expected_ids(body: bytes) -> tuple[Any, Any]:
@@ -72,15 +89,16 @@ def expected_ids(body: bytes) -> tuple[Any, Any]:
     if len(body) > MAX_BODY:
         return None, None
     try:
-        request = json.loads(body)
-    except ValueError:
+        request = json.loads(body, parse_constant=_not_json)
+    except (ValueError, RecursionError):
         return None, None
     if not isinstance(request, dict):
         return None, None
     task = request.get("task")
-    task_id = expected_id(task.get("task_id")) if isinstance(task, dict) else None
+    task_id = task.get("task_id") if isinstance(task, dict) else None
     if task_id is None:
-        task_id = expected_id(request.get("task_id"))
+        task_id = request.get("task_id")
+    task_id = expected_id(task_id)
     return expected_id(request.get("episode_id")), task_id
 
 
@@ -221,7 +239,11 @@ def test_the_oracle_reads_the_contract():
     assert expected_ids(b'{"episode_id": "e1", "task": {"task_id": 7}}') == ("e1", 7)
     assert expected_ids(b'{"episode_id": 3, "task_id": "t"}') == (3, "t")
     assert expected_ids(b'{"episode_id": true, "task": {"task_id": 1.5}, "task_id": "t"}') == (
-        None, "t")
+        True, 1.5)  # verbatim, whatever JSON value
+    assert expected_ids(b'{"episode_id": {"rollout_id": "r", "attempt": 1}, "task": {}}') == (
+        {"rollout_id": "r", "attempt": 1}, None)
+    assert expected_ids(b'{"episode_id": 1e999, "task_id": [1e999]}') == (None, None)
+    assert expected_ids(b'{"episode_id": NaN}') == (None, None)
     assert expected_ids(b'{"task": "t1"}') == (None, None)
     assert expected_ids(b'["e1"]') == (None, None)
     assert expected_ids(b"\xff{") == (None, None)

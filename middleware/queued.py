@@ -1,0 +1,158 @@
+"""A request or websocket that found no free slot: wait in the limit's queue while reading the
+client, then run the app holding the slot, or answer with the route's failure profile.
+
+While it waits it costs a queue entry (with the limit's timer) and at most one read of the
+client in flight, no task group and no watcher. A client that disconnects leaves the queue at
+once; a read in flight at admission (or refusal) is never cancelled while its message may
+still be wanted: the app's first receive() after the buffered body gets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from time import perf_counter
+from typing import Literal
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gym_concurrency.limit import Admission
+
+from .body import QueuedBodies, QueuedRequest, QueuedWebsocket
+from .limits import LimitedRoute
+from .queue_wait import QueueWaitRecorder
+
+__all__ = ["QueuedAdmission"]
+
+Outcome = Literal["admitted", "timeout", "shed", "unavailable", "cancelled"]
+_TRY_AGAIN_LATER = 1013  # websocket close code
+_FIRST = asyncio.FIRST_COMPLETED
+_WEBSOCKET_REASONS = {"timeout": "admission timed out", "shed": "admission queue full"}
+
+
+class QueuedAdmission:
+    """Waits, admits and refuses for one middleware; `__call__` serves one queued connection.
+
+    A websocket holds its slot for the connection's lifetime and is refused with close code
+    1013 (try again later)."""
+
+    __slots__ = ("app", "bodies", "max_body_bytes", "recorder", "refusal_body_seconds")
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        recorder: QueueWaitRecorder,
+        *,
+        max_body_bytes: int,
+        bodies: QueuedBodies,
+        refusal_body_seconds: float,
+    ) -> None:
+        self.app = app
+        self.recorder = recorder
+        self.max_body_bytes = max_body_bytes
+        self.bodies = bodies
+        self.refusal_body_seconds = refusal_body_seconds
+
+    async def __call__(
+        self,
+        route: LimitedRoute,
+        waiter: asyncio.Future[Admission],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """Serve a connection queued on `route` as `waiter` (from `route.limit.enqueue()`)."""
+        if scope["type"] == "http":
+            queued: QueuedRequest | QueuedWebsocket = QueuedRequest(
+                receive, self.max_body_bytes, self.bodies
+            )
+        else:
+            queued = QueuedWebsocket(receive)
+        try:
+            outcome = await self._wait(route, waiter, queued)
+            if outcome == "admitted":
+                await self._run(route, scope, queued, send)
+            elif outcome == "cancelled":
+                return  # the client left: nothing is sent
+            elif isinstance(queued, QueuedRequest):
+                await self._refuse(route, outcome, queued, send)
+            else:
+                await _refuse_websocket(outcome, queued, send)
+        finally:
+            queued.close()
+
+    async def _wait(
+        self,
+        route: LimitedRoute,
+        waiter: asyncio.Future[Admission],
+        queued: QueuedRequest | QueuedWebsocket,
+    ) -> Outcome:
+        """How the wait ended; a disconnect leaves the queue, as does a server cancel (raised)."""
+        started = perf_counter()
+        recorded: str | None = "cancelled"
+        try:
+            recorded = outcome = await _wait_reading(route, waiter, queued)
+        except asyncio.CancelledError:  # the server cancelled the request
+            route.limit.leave(waiter)
+            raise
+        except BaseException:  # reading the client failed (an outer body limit): not a wait
+            recorded = None
+            route.limit.leave(waiter, cancelled=False)
+            raise
+        finally:
+            self._record(route, recorded, started)
+        return outcome
+
+    def _record(self, route: LimitedRoute, outcome: str | None, started: float) -> None:
+        histogram = self.recorder.histogram()
+        attributes = None if outcome is None else route.wait_attributes.get(outcome)
+        if histogram is not None and attributes is not None:
+            wait_ms = (perf_counter() - started) * 1000.0
+            self.recorder.record(histogram, wait_ms, attributes)
+
+    async def _run(
+        self, route: LimitedRoute, scope: Scope, queued: QueuedRequest | QueuedWebsocket, send: Send
+    ) -> None:
+        try:
+            await self.app(scope, queued.receive, send)
+        finally:
+            route.limit.release()
+
+    async def _refuse(
+        self, route: LimitedRoute, reason: Admission, queued: QueuedRequest, send: Send
+    ) -> None:
+        body = None
+        if route.failures.episode:  # its body echoes the request's ids: read it, bounded
+            body = await queued.read_body(self.refusal_body_seconds)
+            if queued.disconnected:
+                return
+        with contextlib.suppress(OSError):  # the client left while we answered; nothing held
+            await route.failures.send(send, reason, body)  # type: ignore[arg-type]
+
+
+async def _wait_reading(
+    route: LimitedRoute, waiter: asyncio.Future[Admission], queued: QueuedRequest | QueuedWebsocket
+) -> Outcome:
+    """Wait for `waiter` while reading the client, one read in flight; "cancelled" (having
+    left the queue) if the client disconnects first."""
+    while not waiter.done():
+        reading = queued.reading()
+        if reading is None:  # a bound stopped the reading: wait for the slot alone
+            return await waiter
+        await asyncio.wait((waiter, reading), return_when=_FIRST)
+        if reading.done():
+            queued.take()
+            if queued.disconnected:
+                route.limit.leave(waiter)
+                return "cancelled"
+    return waiter.result()
+
+
+async def _refuse_websocket(reason: str, queued: QueuedWebsocket, send: Send) -> None:
+    # A close before accept becomes an HTTP 403; accepting first lets the client see 1013.
+    message = await queued.receive()
+    if message["type"] != "websocket.connect":
+        return
+    await send({"type": "websocket.accept"})
+    text = _WEBSOCKET_REASONS.get(reason, "admission unavailable")
+    await send({"type": "websocket.close", "code": _TRY_AGAIN_LATER, "reason": text})
