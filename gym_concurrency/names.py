@@ -13,12 +13,17 @@ QUEUE_DEPTH_INSTRUMENT: Final = "gym.concurrency.queue_depth"
 ADMISSION_TIMEOUTS_INSTRUMENT: Final = "gym.concurrency.admission_timeouts_total"
 ADMISSION_CANCELLED_INSTRUMENT: Final = "gym.concurrency.admission_cancelled_total"
 ADMISSION_SHED_INSTRUMENT: Final = "gym.concurrency.admission_shed_total"
+# Global limits only: admissions that could not reach the shared limit's store (Redis).
+ADMISSION_UNAVAILABLE_INSTRUMENT: Final = "gym.concurrency.admission_unavailable_total"
 # Recorded by the middleware for every admission attempt on a limited route.
 QUEUE_WAIT_INSTRUMENT: Final = "gym.concurrency.queue_wait_duration_ms"
 
 COMPONENT_ATTRIBUTE: Final = "nemo.gym.concurrency.component"
 LIMIT_NAME_ATTRIBUTE: Final = "nemo.gym.concurrency.limit_name"
 SERVER_ATTRIBUTE: Final = "nemo.gym.server.name"
+# Only on limits shared across processes, with the value GLOBAL_SCOPE; process limits carry none.
+SCOPE_ATTRIBUTE: Final = "nemo.gym.concurrency.scope"
+GLOBAL_SCOPE: Final = "global"
 ADMISSION_OUTCOME_ATTRIBUTE: Final = "nemo.gym.concurrency.admission_outcome"
 
 ADMISSION_OUTCOMES: Final = frozenset({"admitted", "timeout", "cancelled", "shed"})

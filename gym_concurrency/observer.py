@@ -1,9 +1,12 @@
-"""The process observer: reports every named MeteredSemaphore through observable instruments.
+"""The process observer: reports every named limit (any `Limit`: a MeteredSemaphore, a limit
+shared across processes) through observable instruments.
 
-Semaphores are held weakly; a collected one stops reporting. Instruments are read at export,
-so acquiring a slot makes no OpenTelemetry call. The global MeterProvider observes every
-named semaphore with no call at all (through the API's proxy, also when the SDK provider is
-set later); `observe_concurrency(provider)` adds another provider.
+Limits are held weakly; a collected one stops reporting. Instruments are read at export, so
+acquiring a slot makes no OpenTelemetry call (and a shared limit no Redis call: it reports
+plain numbers kept in process). The global MeterProvider observes every named limit with no
+call at all (through the API's proxy, also when the SDK provider is set later);
+`observe_concurrency(provider)` adds another provider. Global limits carry the scope attribute
+and report `admission_unavailable_total`; process limits carry no scope attribute.
 """
 
 from __future__ import annotations
@@ -21,18 +24,18 @@ from . import names
 from .meters import SCOPE_VERSION, meter_for
 
 if TYPE_CHECKING:
-    from .semaphore import MeteredSemaphore
+    from .limit import Limit
 
-__all__ = ["observe_concurrency", "registered_semaphores"]
+__all__ = ["observe_concurrency", "registered_limits", "registered_semaphores"]
 
 _log = logging.getLogger(__name__)
 
 _AttributeKey = tuple[tuple[str, str], ...]
-_Reading = Callable[["MeteredSemaphore"], "int | None"]
+_Reading = Callable[["Limit"], "int | None"]
 
-# id(semaphore) -> (weak reference, attribute key). A plain dict so that a snapshot taken
+# id(limit) -> (weak reference, attribute key). A plain dict so that a snapshot taken
 # on the exporter's thread (`list(values())`) is atomic while the event loop registers more.
-_REGISTRY: dict[int, tuple[weakref.ref[MeteredSemaphore], _AttributeKey]] = {}
+_REGISTRY: dict[int, tuple[weakref.ref[Limit], _AttributeKey]] = {}
 _ATTRIBUTES: dict[_AttributeKey, dict[str, str]] = {}
 
 _lock = threading.Lock()
@@ -42,24 +45,27 @@ _provider_instruments: weakref.WeakKeyDictionary[MeterProvider, list[Any]] = (
 )
 
 
-def register(semaphore: MeteredSemaphore) -> None:
-    """Report `semaphore` (it has a component and a limit_name) until it is collected."""
-    key = _attribute_key(semaphore)
-    ident = id(semaphore)
+def register(limit: Limit) -> None:
+    """Report `limit` (it has a component and a limit_name) until it is collected."""
+    key = _attribute_key(limit)
+    ident = id(limit)
 
-    def forget(ref: weakref.ref[MeteredSemaphore]) -> None:
+    def forget(ref: weakref.ref[Limit]) -> None:
         entry = _REGISTRY.get(ident)
         if entry is not None and entry[0] is ref:
             _REGISTRY.pop(ident, None)
 
-    _REGISTRY[ident] = (weakref.ref(semaphore, forget), key)
+    _REGISTRY[ident] = (weakref.ref(limit, forget), key)
     if _global_instruments is None:
         _observe_global()
 
 
-def registered_semaphores() -> list[MeteredSemaphore]:
-    """The named semaphores alive now, in registration order."""
-    return [sem for ref, _ in list(_REGISTRY.values()) if (sem := ref()) is not None]
+def registered_limits() -> list[Limit]:
+    """The named limits alive now (of every kind), in registration order."""
+    return [limit for ref, _ in list(_REGISTRY.values()) if (limit := ref()) is not None]
+
+
+registered_semaphores = registered_limits  # the earlier name, kept working
 
 
 def observe_concurrency(meter_provider: MeterProvider | None = None) -> None:
@@ -82,13 +88,15 @@ def _observe_global() -> None:
             _global_instruments = _create_instruments(meter)
 
 
-def _attribute_key(semaphore: MeteredSemaphore) -> _AttributeKey:
+def _attribute_key(limit: Limit) -> _AttributeKey:
     pairs = [
-        (names.COMPONENT_ATTRIBUTE, str(semaphore.component)),
-        (names.LIMIT_NAME_ATTRIBUTE, str(semaphore.limit_name)),
+        (names.COMPONENT_ATTRIBUTE, str(limit.component)),
+        (names.LIMIT_NAME_ATTRIBUTE, str(limit.limit_name)),
     ]
-    if semaphore.server is not None:
-        pairs.append((names.SERVER_ATTRIBUTE, semaphore.server))
+    if limit.server is not None:
+        pairs.append((names.SERVER_ATTRIBUTE, limit.server))
+    if limit.scope == names.GLOBAL_SCOPE:
+        pairs.append((names.SCOPE_ATTRIBUTE, names.GLOBAL_SCOPE))
     key = tuple(pairs)
     _ATTRIBUTES.setdefault(key, dict(pairs))
     return key
@@ -97,7 +105,7 @@ def _attribute_key(semaphore: MeteredSemaphore) -> _AttributeKey:
 class _Instrument(NamedTuple):
     name: str
     monotonic: bool  # an observable counter, else an observable up-down counter
-    read: _Reading  # None leaves the semaphore out (no timeout: no timeouts series)
+    read: _Reading  # None leaves the limit out (no timeout: no timeouts series)
     unit: str
     description: str
 
@@ -152,7 +160,25 @@ _INSTRUMENTS = (
         unit=names.REQUEST_UNIT,
         description="Acquires refused at once because the limit's queue was full.",
     ),
+    _Instrument(
+        names.ADMISSION_UNAVAILABLE_INSTRUMENT,
+        monotonic=True,
+        read=lambda s: _unavailable(s),
+        unit=names.REQUEST_UNIT,
+        description=(
+            "Admissions to a limit shared across processes that could not reach its store "
+            "(refused, or admitted through the process-local fallback)."
+        ),
+    ),
 )
+
+
+def _unavailable(limit: Limit) -> int | None:
+    """A global limit's `admission_unavailable`; None (no series) for a process limit."""
+    if limit.scope != names.GLOBAL_SCOPE:
+        return None
+    count = getattr(limit, "admission_unavailable", None)
+    return count if isinstance(count, int) else None
 
 
 def _create_instruments(meter: Meter) -> list[Any]:
@@ -189,10 +215,10 @@ def _callback(what: str, read: _Reading) -> Callable[[CallbackOptions], Iterable
 def _observations(read: _Reading) -> list[Observation]:
     totals: dict[_AttributeKey, int] = {}
     for ref, key in list(_REGISTRY.values()):
-        semaphore = ref()
-        if semaphore is None:
+        limit = ref()
+        if limit is None:
             continue
-        value = read(semaphore)
+        value = read(limit)
         if value is not None:
             totals[key] = totals.get(key, 0) + value
     return [Observation(value, _ATTRIBUTES[key]) for key, value in totals.items()]
