@@ -1,24 +1,50 @@
 """ConcurrencySettings, RouteLimit, OperationLimit: what to limit, how hard, and how to fail.
 
 Read from keyword arguments, from `GYM_CONCURRENCY_*` environment variables (JSON for the
-lists, `__` for nesting) or from a YAML / JSON file with `ConcurrencySettings.from_file`.
-Every invalid value fails validation with an error that names the field.
+lists, `__` for nesting) or from a YAML / JSON file with `ConcurrencySettings.from_file`;
+keyword arguments win over the environment, and the environment over the file. Every invalid
+value fails with an error that names the field: numbers must be numbers (no booleans, no YAML
+1.1 octal or sexagesimal), and an unknown `GYM_CONCURRENCY_*` variable, two forms of one
+setting or a gap in entry indexes is an error naming the variable.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
 import re
-from collections.abc import Iterable
+import types
+import typing
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from gym_concurrency.names import EXECUTORS, OPERATIONS, check_member
 
-__all__ = ["ConcurrencySettings", "FailureProfile", "OperationLimit", "RouteLimit"]
+__all__ = [
+    "ConcurrencySettings",
+    "EnvironmentSettingsError",
+    "FailureProfile",
+    "OperationLimit",
+    "RouteLimit",
+]
 
 FailureProfile = Literal["problem", "openai", "episode"]
 
@@ -33,7 +59,86 @@ DEFAULT_MAX_QUEUED_BODY_BYTES_TOTAL = 64 * 1024 * 1024
 DEFAULT_REFUSAL_BODY_TIMEOUT_SECONDS = 5.0
 
 
-class RouteLimit(BaseModel):
+class EnvironmentSettingsError(SettingsError):
+    """`GYM_CONCURRENCY_*` variables that cannot be read as settings: an unknown name, two
+    forms of one setting, a gap in entry indexes or invalid JSON. Names each variable."""
+
+
+# --- Numbers are numbers: no booleans, no YAML 1.1 octal / sexagesimal / underscores.
+
+_WHOLE = re.compile(r"[+-]?(?:0|[1-9][0-9]*)")
+_DECIMAL = re.compile(r"[+-]?(?:(?:0|[1-9][0-9]*)(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def _number_kind(annotation: Any) -> tuple[type | None, bool]:
+    """(int or float if the field holds that number, else None; whether a string is valid)."""
+    kinds: set[Any] = set()
+    strings = False
+    for arg in _union_members(annotation):
+        if typing.get_origin(arg) is Literal:
+            strings = strings or any(isinstance(v, str) for v in typing.get_args(arg))
+        elif arg is str:
+            strings = True
+        else:
+            kinds.add(arg)
+    if bool in kinds:
+        return None, strings
+    if int in kinds:
+        return int, strings
+    if float in kinds:
+        return float, strings
+    return None, strings
+
+
+def _union_members(annotation: Any) -> list[Any]:
+    if typing.get_origin(annotation) is Annotated:
+        return _union_members(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [m for arg in typing.get_args(annotation) for m in _union_members(arg)]
+    return [annotation]
+
+
+def _number(kind: type, value: Any, strings: bool) -> Any:
+    """`value` for a number field of `kind`: a number, or the decimal text of one (as an
+    environment variable gives it); a boolean or any other text is an error."""
+    if isinstance(value, bool):
+        raise ValueError(
+            f"must be a number, got the boolean {str(value).lower()} (YAML reads yes/no/on/off "
+            "and true/false as booleans; write the number)"
+        )
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if kind is int and _WHOLE.fullmatch(text):
+        return int(text)
+    if kind is float and _DECIMAL.fullmatch(text):
+        return float(text)
+    if strings:
+        return value
+    hint = ""
+    if re.fullmatch(r"[+-]?0[0-9_]+(?:\.[0-9]*)?", text):
+        hint = " (a leading zero is ambiguous: YAML 1.1 reads 010 as octal 8)"
+    elif ":" in text:
+        hint = " (YAML 1.1 reads 1:30 as the sexagesimal 90)"
+    elif text.lower() in ("yes", "no", "on", "off", "y", "n"):
+        hint = f" (YAML 1.1 reads {text} as a boolean; write the number, or null where allowed)"
+    whole = "a whole number" if kind is int else "a number"
+    raise ValueError(f"must be {whole} written in decimal, got {value!r}{hint}")
+
+
+class _NumbersAreNumbers(BaseModel):
+    """A number field takes a number or its decimal text, never a boolean or other text."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.field_name is None:
+            return value
+        kind, strings = _number_kind(cls.model_fields[info.field_name].annotation)
+        return value if kind is None else _number(kind, value, strings)
+
+
+class RouteLimit(_NumbersAreNumbers):
     """A concurrency limit on one route (its declared path template), optionally per method.
 
     Routes naming the same `limit_name` share one semaphore, so they must agree on its size,
@@ -84,7 +189,7 @@ class RouteLimit(BaseModel):
         return methods
 
 
-class OperationLimit(BaseModel):
+class OperationLimit(_NumbersAreNumbers):
     """A concurrency limit on work done inside routes (verifier, judge, tool), used through
     `operation_limit(limit_name)`; `timeout_seconds` bounds the wait for a slot."""
 
@@ -107,7 +212,7 @@ class OperationLimit(BaseModel):
         return check_member("executor", executor, EXECUTORS)
 
 
-class ConcurrencySettings(BaseSettings):
+class ConcurrencySettings(_NumbersAreNumbers, BaseSettings):
     """Every limit of one server: its route limits and its operation limits."""
 
     model_config = SettingsConfigDict(
@@ -142,14 +247,29 @@ class ConcurrencySettings(BaseSettings):
         return self
 
     @classmethod
-    def from_file(cls, path: str | Path) -> ConcurrencySettings:
-        """Settings from a YAML (.yaml/.yml) or JSON (.json) file holding one mapping.
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Keyword arguments win; the environment is read strictly (see _EnvironmentSource).
+        return init_settings, _EnvironmentSource(settings_cls), dotenv_settings
 
-        Fields the file leaves out are still read from the environment, then defaults.
+    @classmethod
+    def from_file(cls, path: str | Path) -> Self:
+        """Settings from a YAML (.yaml/.yml) or JSON (.json) file holding one mapping, with
+        `GYM_CONCURRENCY_*` variables winning over the file.
+
+        A variable replaces the file's value: a JSON list (`GYM_CONCURRENCY_ROUTES`) the whole
+        list, a per-field variable (`GYM_CONCURRENCY_ROUTES__0__MAX_CONCURRENT`) that field of
+        the file's entry 0 (or a new entry just past the file's last). Then the defaults.
         """
         path = Path(path)
         data = _load_mapping(path)
-        return cls(**data)
+        return cls.model_validate(environment_values(cls, os.environ, base=data))
 
 
 def _load_mapping(path: Path) -> dict[str, Any]:
@@ -160,7 +280,7 @@ def _load_mapping(path: Path) -> dict[str, Any]:
 
     try:
         text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if suffix == ".json" else yaml.load(text, _strict_yaml_loader())
     except (UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as error:
         raise ValueError(
             f"{path}: not a valid {suffix[1:].upper()} settings file: {error}"
@@ -226,3 +346,292 @@ def _check_operation_names(operations: list[OperationLimit], routes: list[RouteL
                 "operation and route limits are separate semaphores and need distinct names"
             )
         seen.add(name)
+
+
+# --- YAML: plain scalars resolved as in YAML 1.2's core schema, and stricter still.
+
+_YAML_LOADER: Any = None
+
+
+def _strict_yaml_loader() -> Any:
+    """A SafeLoader whose plain scalars are true/false, null, decimal integers and decimal
+    floats only: yes/no/on/off, 010, 0o10, 0x10, 1_000, 1:30 and dates stay strings (which a
+    number field then refuses, naming the field), instead of YAML 1.1's guesses."""
+    global _YAML_LOADER
+    if _YAML_LOADER is not None:
+        return _YAML_LOADER
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        pass
+
+    guessed = {f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float", "timestamp", "value")}
+    StrictLoader.yaml_implicit_resolvers = {
+        first: [(tag, regex) for tag, regex in resolvers if tag not in guessed]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    StrictLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:bool",
+        re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+        list("tTfF"),
+    )
+    StrictLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:int", re.compile(rf"^{_WHOLE.pattern}$"), list("-+0123456789")
+    )
+    StrictLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(rf"^(?:{_DECIMAL.pattern}|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+        list("-+0123456789."),
+    )
+
+    def decimal_int(loader: Any, node: Any) -> int:
+        text = loader.construct_scalar(node)
+        if not _WHOLE.fullmatch(text):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{text!r} is not a decimal integer", node.start_mark
+            )
+        return int(text)
+
+    StrictLoader.add_constructor("tag:yaml.org,2002:int", decimal_int)
+    _YAML_LOADER = StrictLoader
+    return StrictLoader
+
+
+# --- The environment: every GYM_CONCURRENCY_* variable is a field of the model, or an error.
+
+_INDEX = re.compile(r"0|[1-9][0-9]*")
+_Path = tuple[str | int, ...]
+
+
+class _EnvironmentSource(PydanticBaseSettingsSource):
+    """`GYM_CONCURRENCY_*` variables, read by the model's own fields (so a field added later
+    needs no change here): unknown names, conflicting forms and index gaps are errors."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ reads every variable at once
+
+    def __call__(self) -> dict[str, Any]:
+        return environment_values(self.settings_cls, os.environ)
+
+
+def environment_values(
+    settings_cls: type[BaseModel], environ: Mapping[str, str], base: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The settings `environ` sets, over `base` (a settings file's mapping, or nothing).
+
+    `PREFIX<FIELD>` sets a field (JSON for a list or a nested model); `PREFIX<FIELD>__<i>__<F>`
+    sets field F of entry i of a list of models (entries by index from 0 without gaps, also
+    counting `base`'s entries). Raises EnvironmentSettingsError naming every bad variable.
+    """
+    config = settings_cls.model_config
+    prefix = str(config.get("env_prefix") or "").upper()
+    delimiter = str(config.get("env_nested_delimiter") or "__")
+    problems: list[str] = []
+    assigned: dict[_Path, str] = {}
+    values: dict[_Path, Any] = {}
+    for name in sorted(environ):
+        if not name.upper().startswith(prefix):
+            continue
+        parts = name[len(prefix) :].lower().split(delimiter)
+        path, complex_value, problem = _variable_path(settings_cls, parts)
+        if problem is not None:
+            suggestion = _suggest(settings_cls, prefix, delimiter, name[len(prefix) :])
+            problems.append(f"{name}: {problem}{suggestion}")
+            continue
+        if path in assigned:
+            problems.append(f"{name}: sets the same setting as {assigned[path]}; set one")
+            continue
+        raw = environ[name]
+        if complex_value:
+            try:
+                value: Any = json.loads(raw)
+            except ValueError as error:
+                where = ".".join(map(str, path))
+                problems.append(f"{name}: {where} must be JSON here, got {raw[:60]!r} ({error})")
+                continue
+        elif _looks_like_json(raw) and _takes_collection(settings_cls, path):
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                value = raw  # the field's own validator reads it (e.g. methods "GET,POST")
+        else:
+            value = raw
+        assigned[path] = name
+        values[path] = value
+    problems += _conflicts(assigned, prefix, delimiter)
+    problems += _gaps(assigned, base or {}, prefix, delimiter)
+    if problems:
+        raise EnvironmentSettingsError(
+            "invalid GYM_CONCURRENCY_* environment variables:\n  " + "\n  ".join(problems)
+        )
+    result: Any = dict(base or {})
+    for path in sorted(values, key=lambda p: [str(k) for k in p]):
+        result = _set(result, path, values[path])
+    return dict(result)
+
+
+def _field_shape(annotation: Any) -> tuple[str, type[BaseModel] | None]:
+    """("list", item model) for a list of models, ("model", model) for a nested model, else
+    ("leaf", None)."""
+    for member in _union_members(annotation):
+        origin = typing.get_origin(member)
+        if origin in (list, tuple, typing.Sequence) or (
+            isinstance(origin, type) and issubclass(origin, (list, tuple))
+        ):
+            args = [a for a in typing.get_args(member) if a is not Ellipsis]
+            item = _union_members(args[0])[0] if len(args) == 1 else None
+            if isinstance(item, type) and issubclass(item, BaseModel):
+                return "list", item
+        if isinstance(member, type) and issubclass(member, BaseModel):
+            return "model", member
+    return "leaf", None
+
+
+def _variable_path(model: type[BaseModel], parts: list[str]) -> tuple[_Path, bool, str | None]:
+    """(path into the settings, whether the value is JSON for a list or model, problem)."""
+    path: list[str | int] = []
+    shape: str = "model"
+    node: type[BaseModel] | None = model
+    for part in parts:
+        if shape == "model":
+            assert node is not None
+            field = node.model_fields.get(part)
+            if field is None:
+                where = ".".join(map(str, path))
+                return (), False, f"no such setting{f' in {where}' if where else ''}"
+            path.append(part)
+            shape, node = _field_shape(field.annotation)
+        elif shape == "list":
+            if not _INDEX.fullmatch(part):
+                return (), False, f"{part!r} is not an entry index (0, 1, 2, ...)"
+            path.append(int(part))
+            shape = "model"
+        else:
+            where = ".".join(map(str, path))
+            return (), False, f"{where} takes one value, it has no fields of its own"
+    return tuple(path), shape != "leaf", None
+
+
+def _takes_collection(model: type[BaseModel], path: _Path) -> bool:
+    node: Any = model
+    annotation: Any = None
+    for key in path:
+        if isinstance(key, int):
+            continue
+        field = node.model_fields[key]
+        annotation = field.annotation
+        node = _field_shape(annotation)[1]
+    return any(
+        typing.get_origin(m) in (list, tuple, set, frozenset, dict) or m in (list, tuple, dict)
+        for m in _union_members(annotation)
+    )
+
+
+def _looks_like_json(raw: str) -> bool:
+    return raw.lstrip()[:1] in ("[", "{")
+
+
+def _variable(prefix: str, delimiter: str, path: _Path) -> str:
+    return prefix + delimiter.join(str(k).upper() for k in path)
+
+
+def _conflicts(assigned: dict[_Path, str], prefix: str, delimiter: str) -> list[str]:
+    problems = []
+    for path, name in assigned.items():
+        for length in range(1, len(path)):
+            whole = assigned.get(path[:length])
+            if whole is not None:
+                problems.append(
+                    f"{name}: {whole} already sets {'.'.join(map(str, path[:length]))} as a "
+                    "whole; give it either as one JSON value or one variable per field, not "
+                    "both"
+                )
+                break
+    return problems
+
+
+def _gaps(
+    assigned: dict[_Path, str], base: Mapping[str, Any], prefix: str, delimiter: str
+) -> list[str]:
+    indexes: dict[_Path, set[int]] = {}
+    for path in assigned:
+        for position, key in enumerate(path):
+            if isinstance(key, int):
+                indexes.setdefault(path[:position], set()).add(key)
+    problems = []
+    for list_path, found in sorted(indexes.items(), key=lambda item: [str(k) for k in item[0]]):
+        existing = _get(base, list_path)
+        present = set(range(len(existing))) if isinstance(existing, list) else set()
+        missing = sorted(set(range(max(found) + 1)) - present - found)
+        if not missing:
+            continue
+        first_after = min(i for i in found if i > missing[0])
+        names = sorted(
+            n for p, n in assigned.items() if p[: len(list_path) + 1] == (*list_path, first_after)
+        )
+        gap = _variable(prefix, delimiter, (*list_path, missing[0]))
+        counted = f" (the file has {len(present)})" if present else ""
+        meant = names[0].replace(
+            f"{delimiter}{first_after}{delimiter}", f"{delimiter}{missing[0]}{delimiter}", 1
+        )
+        problems.append(
+            f"{names[0]}: entries of {'.'.join(map(str, list_path))} are numbered from 0 "
+            f"without gaps{counted}, but no {gap}{delimiter}* is set; did you mean {meant}?"
+        )
+    return problems
+
+
+def _get(data: Any, path: _Path) -> Any:
+    for key in path:
+        if isinstance(key, int):
+            if not isinstance(data, list) or key >= len(data):
+                return None
+        elif not isinstance(data, Mapping):
+            return None
+        data = data[key] if isinstance(key, int) else data.get(key)
+    return data
+
+
+def _set(data: Any, path: _Path, value: Any) -> Any:
+    """`data` with `value` at `path`, copying what it changes (a file's mapping is kept)."""
+    if not path:
+        return value
+    key, rest = path[0], path[1:]
+    if isinstance(key, int):
+        items = list(data) if isinstance(data, list) else []
+        if key < len(items):
+            items[key] = _set(items[key], rest, value)
+        else:  # no gap (checked): the next entry
+            items.append(_set(None, rest, value))
+        return items
+    mapping = dict(data) if isinstance(data, Mapping) else {}
+    mapping[key] = _set(mapping.get(key), rest, value)
+    return mapping
+
+
+def _suggest(model: type[BaseModel], prefix: str, delimiter: str, rest: str) -> str:
+    """'; did you mean X?' with the setting `rest` most resembles, or the settings there are."""
+    index = re.search(r"\d+", rest)
+    shown_index = index.group() if index else "0"
+    candidates = [
+        delimiter.join(p.upper() for p in names)
+        for names in _setting_names(model, shown_index, depth=3)
+    ]
+    close = difflib.get_close_matches(rest.upper(), candidates, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {prefix}{close[0]}?"
+    fields = ", ".join(prefix + name.upper() for name in model.model_fields)
+    return f"; the settings are {fields} (lists also as <NAME>{delimiter}<i>{delimiter}<FIELD>)"
+
+
+def _setting_names(model: type[BaseModel], index: str, depth: int) -> list[list[str]]:
+    names: list[list[str]] = []
+    for field_name, field in model.model_fields.items():
+        names.append([field_name])
+        shape, node = _field_shape(field.annotation)
+        if node is None or depth <= 1:
+            continue
+        inner = _setting_names(node, index, depth - 1)
+        step = [field_name, index] if shape == "list" else [field_name]
+        names += [[*step, *more] for more in inner]
+    return names

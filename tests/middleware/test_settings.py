@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from gym_concurrency.middleware import ConcurrencySettings, OperationLimit, RouteLimit
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 ROUTE = {"path": "/run", "limit_name": "episodes", "max_concurrent": 4}
 
@@ -217,15 +218,14 @@ def test_settings_from_json_file(tmp_path: Path):
     assert settings.routes[0].limit_name == "episodes"
 
 
-def test_file_fields_win_and_environment_fills_the_rest(
+def test_environment_fields_win_and_the_file_fills_the_rest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setenv("GYM_CONCURRENCY_COMPONENT", "from_env")
     monkeypatch.setenv("GYM_CONCURRENCY_SERVER_NAME", "from_env")
     path = tmp_path / "concurrency.json"
-    path.write_text(json.dumps({"server_name": "from_file"}))
+    path.write_text(json.dumps({"component": "from_file", "server_name": "from_file"}))
     settings = ConcurrencySettings.from_file(path)
-    assert (settings.component, settings.server_name) == ("from_env", "from_file")
+    assert (settings.component, settings.server_name) == ("from_file", "from_env")
 
 
 def test_invalid_file_names_the_field_and_the_problem(tmp_path: Path):
@@ -251,4 +251,325 @@ def test_unparsable_file_names_the_file(tmp_path: Path, name: str, content: byte
     path = tmp_path / name
     path.write_bytes(content)
     with pytest.raises(ValueError, match=rf"{name}: not a valid (JSON|YAML) settings file"):
+        ConcurrencySettings.from_file(path)
+
+
+# --- Environment variables: unknown names, conflicting forms and gaps are errors (issue 10.6)
+
+
+def set_env(monkeypatch: pytest.MonkeyPatch, variables: dict[str, str]) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+
+ROUTE_VARS = {
+    "GYM_CONCURRENCY_ROUTES__0__PATH": "/run",
+    "GYM_CONCURRENCY_ROUTES__0__LIMIT_NAME": "episodes",
+    "GYM_CONCURRENCY_ROUTES__0__MAX_CONCURRENT": "4",
+}
+
+
+@pytest.mark.parametrize(
+    ("variables", "named", "suggested"),
+    [
+        (
+            {"GYM_CONCURRENCY_ROUTE": json.dumps([ROUTE])},
+            "GYM_CONCURRENCY_ROUTE",
+            "GYM_CONCURRENCY_ROUTES",
+        ),
+        (
+            {"GYM_CONCURRENCY_ROUTES_0_PATH": "/run"},
+            "GYM_CONCURRENCY_ROUTES_0_PATH",
+            "GYM_CONCURRENCY_ROUTES__0__PATH",
+        ),
+        (
+            {**ROUTE_VARS, "GYM_CONCURRENCY_ROUTES__0__MAX_CONCURENT": "3"},
+            "GYM_CONCURRENCY_ROUTES__0__MAX_CONCURENT",
+            "GYM_CONCURRENCY_ROUTES__0__MAX_CONCURRENT",
+        ),
+        (
+            {"GYM_CONCURRENCY_SERVERNAME": "s1"},
+            "GYM_CONCURRENCY_SERVERNAME",
+            "GYM_CONCURRENCY_SERVER_NAME",
+        ),
+        (
+            {"GYM_CONCURRENCY_MAX_QUEUED_BODY_BYTE": "10"},
+            "GYM_CONCURRENCY_MAX_QUEUED_BODY_BYTE",
+            "GYM_CONCURRENCY_MAX_QUEUED_BODY_BYTES",
+        ),
+        (
+            {"GYM_CONCURRENCY_OPERATIONS__0__TIMEOUT": "3"},
+            "GYM_CONCURRENCY_OPERATIONS__0__TIMEOUT",
+            "GYM_CONCURRENCY_OPERATIONS__0__TIMEOUT_SECONDS",
+        ),
+        (
+            {"GYM_CONCURRENCY_ROUTES__first__PATH": "/run"},
+            "GYM_CONCURRENCY_ROUTES__first__PATH",
+            "index",
+        ),
+        (
+            {"GYM_CONCURRENCY_COMPONENT__NAME": "x"},
+            "GYM_CONCURRENCY_COMPONENT__NAME",
+            "GYM_CONCURRENCY_COMPONENT",
+        ),
+    ],
+)
+def test_an_unknown_environment_variable_is_an_error_suggesting_the_field(
+    monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], named: str, suggested: str
+):
+    set_env(monkeypatch, variables)
+    with pytest.raises(SettingsError) as raised:
+        ConcurrencySettings()
+    error = str(raised.value)
+    assert named in error
+    assert suggested in error
+
+
+def test_a_json_list_and_per_entry_variables_conflict(monkeypatch: pytest.MonkeyPatch):
+    # Before: the JSON list won and the override was dropped without a word.
+    set_env(
+        monkeypatch,
+        {
+            "GYM_CONCURRENCY_ROUTES": json.dumps([ROUTE]),
+            "GYM_CONCURRENCY_ROUTES__0__MAX_CONCURRENT": "8",
+        },
+    )
+    with pytest.raises(SettingsError) as raised:
+        ConcurrencySettings()
+    error = str(raised.value)
+    assert "GYM_CONCURRENCY_ROUTES__0__MAX_CONCURRENT" in error
+    assert "GYM_CONCURRENCY_ROUTES " in error or "GYM_CONCURRENCY_ROUTES:" in error
+
+
+@pytest.mark.parametrize("indexes", [(1,), (0, 2)])
+def test_entry_indexes_count_from_zero_without_gaps(
+    monkeypatch: pytest.MonkeyPatch, indexes: tuple[int, ...]
+):
+    # Before: `__1__` for the first route gave errors about routes.0 (or dropped a route).
+    for index in indexes:
+        set_env(
+            monkeypatch,
+            {
+                f"GYM_CONCURRENCY_ROUTES__{index}__PATH": f"/r{index}",
+                f"GYM_CONCURRENCY_ROUTES__{index}__LIMIT_NAME": f"l{index}",
+                f"GYM_CONCURRENCY_ROUTES__{index}__MAX_CONCURRENT": "1",
+            },
+        )
+    missing = next(i for i in range(3) if i not in indexes)
+    with pytest.raises(SettingsError) as raised:
+        ConcurrencySettings()
+    error = str(raised.value)
+    assert f"GYM_CONCURRENCY_ROUTES__{missing + 1}__" in error
+    assert f"GYM_CONCURRENCY_ROUTES__{missing}__*" in error
+
+
+def test_every_field_of_the_model_is_an_environment_variable(monkeypatch: pytest.MonkeyPatch):
+    # Read from the model's fields, not a list: a field added later works (and is suggested).
+    class WithRedis(ConcurrencySettings):
+        redis_url: str | None = None
+
+    set_env(
+        monkeypatch,
+        {
+            "GYM_CONCURRENCY_REDIS_URL": "redis://127.0.0.1:6379/0",
+            "GYM_CONCURRENCY_MAX_QUEUED_BODY_BYTES_TOTAL": "1000",
+            "GYM_CONCURRENCY_REFUSAL_BODY_TIMEOUT_SECONDS": "2.5",
+            "GYM_CONCURRENCY_CLOSE_CONNECTION_ON_REFUSAL": "true",
+            **ROUTE_VARS,
+        },
+    )
+    settings = WithRedis()
+    assert settings.redis_url == "redis://127.0.0.1:6379/0"
+    assert settings.max_queued_body_bytes_total == 1000
+    assert settings.refusal_body_timeout_seconds == 2.5
+    assert settings.close_connection_on_refusal is True
+    assert settings.routes[0].max_concurrent == 4
+    monkeypatch.setenv("GYM_CONCURRENCY_REDIS_UR", "redis://127.0.0.1:6379/0")
+    with pytest.raises(SettingsError, match="did you mean GYM_CONCURRENCY_REDIS_URL"):
+        WithRedis()
+
+
+def test_the_documented_environment_forms_still_work(monkeypatch: pytest.MonkeyPatch):
+    set_env(
+        monkeypatch,
+        {
+            "gym_concurrency_component": "lower_case_names_work",
+            "GYM_CONCURRENCY_OPERATIONS": json.dumps(
+                [
+                    {
+                        "limit_name": "judge",
+                        "operation": "judge",
+                        "executor": "inline",
+                        "max_concurrent": 2,
+                    }
+                ]
+            ),
+            **ROUTE_VARS,
+            "GYM_CONCURRENCY_ROUTES__0__METHODS": '["POST"]',
+            "GYM_CONCURRENCY_ROUTES__1__PATH": "/v1/chat/completions",
+            "GYM_CONCURRENCY_ROUTES__1__LIMIT_NAME": "upstream",
+            "GYM_CONCURRENCY_ROUTES__1__MAX_CONCURRENT": "16",
+            "GYM_CONCURRENCY_ROUTES__1__MAX_QUEUE": "0",
+            "GYM_CONCURRENCY_ROUTES__1__QUEUE_TIMEOUT_SECONDS": "0.5",
+        },
+    )
+    settings = ConcurrencySettings()
+    assert settings.component == "lower_case_names_work"
+    assert settings.operations[0].max_concurrent == 2
+    assert [(r.path, r.methods, r.max_queue) for r in settings.routes] == [
+        ("/run", ("POST",), None),
+        ("/v1/chat/completions", None, 0),
+    ]
+    assert settings.routes[1].queue_timeout_seconds == 0.5
+    # Keyword arguments still win over the environment.
+    assert ConcurrencySettings(component="from_code").component == "from_code"
+
+
+# --- Numbers must be numbers (issue 10.7)
+
+NOT_NUMBERS_IN_YAML = [
+    ("max_queue", "off"),
+    ("max_queue", "no"),
+    ("max_concurrent", "yes"),
+    ("max_concurrent", "true"),
+    ("max_concurrent", "010"),
+    ("max_concurrent", "0o10"),
+    ("max_concurrent", "0x10"),
+    ("max_concurrent", "1_000"),
+    ("max_concurrent", "1:30"),
+    ("queue_timeout_seconds", "on"),
+    ("queue_timeout_seconds", "1:30"),
+    ("queue_timeout_seconds", "010.5"),
+    ("retry_after_seconds", "off"),
+]
+
+
+@pytest.mark.parametrize(("field", "text"), NOT_NUMBERS_IN_YAML)
+def test_yaml_booleans_and_yaml_1_1_numbers_are_not_numbers(tmp_path: Path, field: str, text: str):
+    # Before: `max_queue: off` loaded as 0, `yes` as 1, `on` as 1.0 and `010` as 8.
+    path = tmp_path / "concurrency.yaml"
+    base = "path: /run, limit_name: episodes, max_concurrent: 4"
+    base = base.replace(", max_concurrent: 4", "") if field == "max_concurrent" else base
+    path.write_text(f"routes:\n  - {{{base}, {field}: {text}}}\n")
+    with pytest.raises(ValidationError) as raised:
+        ConcurrencySettings.from_file(path)
+    assert f"routes.0.{field}" in str(raised.value)
+
+
+@pytest.mark.parametrize("text", ["no", "off", "false", "010"])
+def test_a_top_level_yaml_number_is_a_number(tmp_path: Path, text: str):
+    path = tmp_path / "concurrency.yaml"
+    path.write_text(f"max_queued_body_bytes: {text}\n")
+    with pytest.raises(ValidationError, match=r"max_queued_body_bytes\n"):
+        ConcurrencySettings.from_file(path)
+
+
+def test_yaml_numbers_that_are_numbers_load(tmp_path: Path):
+    path = tmp_path / "concurrency.yaml"
+    path.write_text(
+        "max_queued_body_bytes: 0\n"
+        "routes:\n"
+        "  - {path: /run, limit_name: e, max_concurrent: 10, queue_timeout_seconds: 0.5,"
+        " max_queue: 0, retry_after_seconds: 3}\n"
+        "  - {path: /a, limit_name: f, max_concurrent: +2, queue_timeout_seconds: 30,"
+        " max_queue: null}\n"
+        '  - {path: /b, limit_name: g, max_concurrent: "5", queue_timeout_seconds: 1e1,'
+        " max_queue: ~}\n"
+    )
+    settings = ConcurrencySettings.from_file(path)
+    assert settings.max_queued_body_bytes == 0
+    assert [(r.max_concurrent, r.queue_timeout_seconds, r.max_queue) for r in settings.routes] == [
+        (10, 0.5, 0),
+        (2, 30.0, None),
+        (5, 10.0, None),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"max_concurrent": True}, "max_concurrent"),
+        ({"max_queue": False}, "max_queue"),
+        ({"queue_timeout_seconds": True}, "queue_timeout_seconds"),
+        ({"retry_after_seconds": True}, "retry_after_seconds"),
+        ({"max_concurrent": "010"}, "max_concurrent"),
+        ({"max_concurrent": "yes"}, "max_concurrent"),
+    ],
+)
+def test_booleans_are_not_numbers_in_code_or_json(changes: dict[str, object], field: str):
+    with pytest.raises(ValidationError) as raised:
+        ConcurrencySettings(routes=[route(**changes)])
+    assert f"routes.0.{field}" in str(raised.value)
+    with pytest.raises(ValidationError):
+        ConcurrencySettings(max_queued_body_bytes=False)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "field"),
+    [
+        ("GYM_CONCURRENCY_ROUTES__0__MAX_CONCURRENT", "yes", "routes.0.max_concurrent"),
+        ("GYM_CONCURRENCY_ROUTES__0__MAX_CONCURRENT", "010", "routes.0.max_concurrent"),
+        ("GYM_CONCURRENCY_ROUTES__0__MAX_QUEUE", "off", "routes.0.max_queue"),
+        (
+            "GYM_CONCURRENCY_ROUTES__0__QUEUE_TIMEOUT_SECONDS",
+            "on",
+            "routes.0.queue_timeout_seconds",
+        ),
+        ("GYM_CONCURRENCY_MAX_QUEUED_BODY_BYTES", "no", "max_queued_body_bytes"),
+        (
+            "GYM_CONCURRENCY_ROUTES",
+            json.dumps([route(max_concurrent=True)]),
+            "routes.0.max_concurrent",
+        ),
+    ],
+)
+def test_environment_numbers_are_numbers(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, field: str
+):
+    if not variable.startswith("GYM_CONCURRENCY_ROUTES"):
+        set_env(monkeypatch, ROUTE_VARS)
+    elif variable != "GYM_CONCURRENCY_ROUTES":
+        set_env(monkeypatch, {k: v for k, v in ROUTE_VARS.items() if k != variable})
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValidationError) as raised:
+        ConcurrencySettings()
+    assert field in str(raised.value)
+
+
+# --- One precedence rule: code, then the environment, then the file (issue 10.13)
+
+
+def test_the_environment_wins_over_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    path = tmp_path / "concurrency.yaml"
+    path.write_text(
+        "component: from_file\nserver_name: from_file\nroutes:\n"
+        "  - {path: /run, limit_name: episodes, max_concurrent: 4, failure: episode}\n"
+    )
+    set_env(
+        monkeypatch,
+        {
+            "GYM_CONCURRENCY_SERVER_NAME": "from_env",
+            # One field of the file's first route, and a second route, one variable per field.
+            "GYM_CONCURRENCY_ROUTES__0__MAX_CONCURRENT": "2",
+            "GYM_CONCURRENCY_ROUTES__1__PATH": "/v1/chat/completions",
+            "GYM_CONCURRENCY_ROUTES__1__LIMIT_NAME": "upstream",
+            "GYM_CONCURRENCY_ROUTES__1__MAX_CONCURRENT": "16",
+        },
+    )
+    settings = ConcurrencySettings.from_file(path)
+    assert (settings.component, settings.server_name) == ("from_file", "from_env")
+    assert [(r.path, r.max_concurrent, r.failure) for r in settings.routes] == [
+        ("/run", 2, "episode"),
+        ("/v1/chat/completions", 16, "problem"),
+    ]
+    # A JSON list replaces the file's whole list.
+    monkeypatch.delenv("GYM_CONCURRENCY_ROUTES__0__MAX_CONCURRENT")
+    for field in ("PATH", "LIMIT_NAME", "MAX_CONCURRENT"):
+        monkeypatch.delenv(f"GYM_CONCURRENCY_ROUTES__1__{field}")
+    monkeypatch.setenv("GYM_CONCURRENCY_ROUTES", json.dumps([route(path="/other")]))
+    assert [r.path for r in ConcurrencySettings.from_file(path).routes] == ["/other"]
+    # An index past the file's entries leaves no gap unnoticed.
+    monkeypatch.delenv("GYM_CONCURRENCY_ROUTES")
+    monkeypatch.setenv("GYM_CONCURRENCY_ROUTES__2__PATH", "/x")
+    with pytest.raises(SettingsError, match=r"GYM_CONCURRENCY_ROUTES__2__PATH"):
         ConcurrencySettings.from_file(path)
