@@ -8,7 +8,8 @@ that completes in the next `--seconds` seconds by status (and, for a 200, by whe
 body is an episode failure: `"failure":{...}` rather than `"failure":null`), with the
 latency from sending the request to the end of its response. Then it stops by itself and
 prints one JSON object: counts, rates, p50 / p99 per kind, errors, reconnects, and its own
-CPU use (and the server's, with `--server-pid`) over the measured window.
+CPU use (and the server's, with `--server-pid`, and every other process's, from /proc/stat)
+over the measured window.
 
     taskset -c 1 python -m benchmarks._loadgen --port 8123 --connections 256 \
         [--warmup 1] [--seconds 4] [--server-pid PID]
@@ -202,6 +203,14 @@ def _proc_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime + stime
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds spent by every process on the machine so far (all cores, not idle)."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / _CLK_TCK
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return float("nan")
@@ -218,10 +227,12 @@ async def run(port: int, connections: int, warmup: float, seconds: float,
     await asyncio.sleep(max(0.0, stats.window_start - now()))
     cpu0, wall0 = time.process_time(), now()
     server0 = _proc_cpu_seconds(server_pid) if server_pid else None
+    machine0 = machine_busy_seconds()
     open_at_start = len(generator.open)
     await asyncio.sleep(max(0.0, stats.window_end - now()))
     cpu1, wall1 = time.process_time(), now()
     server1 = _proc_cpu_seconds(server_pid) if server_pid else None
+    machine1 = machine_busy_seconds()
     open_at_end = len(generator.open)
     generator.stop()
     await asyncio.sleep(0.05)  # let the transports close
@@ -248,9 +259,14 @@ async def run(port: int, connections: int, warmup: float, seconds: float,
         "errors": stats.errors,
         "open_connections": [open_at_start, open_at_end],
         "loadgen_cpu": (cpu1 - cpu0) / window,
+        "machine_cpu": (machine1 - machine0) / window,  # cores busy, every process
     }
     if server0 is not None and server1 is not None:
         result["server_cpu"] = (server1 - server0) / window
+        # What the rest of the machine used meanwhile: the measurement's noise.
+        result["other_cpu"] = max(
+            0.0, result["machine_cpu"] - result["server_cpu"] - result["loadgen_cpu"]
+        )
     return result
 
 

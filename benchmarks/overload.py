@@ -72,6 +72,30 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def busy_cores(seconds: float = 1.0) -> float:
+    """Cores busy over `seconds` (every process; /proc/stat)."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+        return sum(fields[:8]), fields[3] + fields[4]
+
+    total0, idle0 = sample()
+    time.sleep(seconds)
+    total1, idle1 = sample()
+    cores = os.cpu_count() or 1
+    return cores * (1 - (idle1 - idle0) / max(1, total1 - total0))
+
+
+def wait_until_quiet(limit_s: float, threshold: float = 0.3) -> float:
+    """Wait up to `limit_s` for the machine to be nearly idle; returns the last reading."""
+    deadline = time.monotonic() + limit_s
+    busy = busy_cores()
+    while busy > threshold and time.monotonic() < deadline:
+        busy = busy_cores()
+    return round(busy, 2)
+
+
 def probe(python: str, source: Path) -> dict[str, Any]:
     """What the source tree and the venv offer: the close setting, Depends(max_concurrency)."""
     code = (
@@ -182,8 +206,10 @@ def run_rounds(args: argparse.Namespace, pairs: list[tuple[str, str]], source: P
     for index in range(args.rounds):
         shift = (index * len(pairs)) // max(1, args.rounds)
         order = pairs[shift:] + pairs[:shift]
+        busy = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
         started, load = time.monotonic(), load_average()
-        print(f"round {index + 1}/{args.rounds}: load average {load}", flush=True)
+        print(f"round {index + 1}/{args.rounds}: load average {load}, "
+              f"{busy} cores busy before it", flush=True)
         for group, config in order:
             info = workdir / f"info-{group}-{config}.json"
             server = Server(args.python, config, group == "sdk", source, info)
@@ -199,12 +225,13 @@ def run_rounds(args: argparse.Namespace, pairs: list[tuple[str, str]], source: P
                                       for k, v in result["kinds"].items())
                     print(f"  {group:5s} {config:20s} c={connections:<5d} "
                           f"goodput {result['goodput']:7.0f}/s  [{kinds}]  "
-                          f"server cpu {result.get('server_cpu', 0):.2f} "
-                          f"client cpu {result['loadgen_cpu']:.2f}", flush=True)
+                          f"cpu: server {result.get('server_cpu', 0):.2f} "
+                          f"client {result['loadgen_cpu']:.2f} "
+                          f"other {result.get('other_cpu', 0):.2f}", flush=True)
                     time.sleep(args.settle)
             finally:
                 server.stop()
-        rounds.append({"round": index, "load_average_start": load,
+        rounds.append({"round": index, "load_average_start": load, "busy_cores_before": busy,
                        "load_average_end": load_average(),
                        "seconds": round(time.monotonic() - started, 1)})
     return cells, rounds, server_info
@@ -225,11 +252,14 @@ def summarize(cells: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> list
                     == (group, config, connections)]
             if not mine:
                 continue
-            ratios, p99_ratios = [], []
+            ratios, p99_ratios, efficiency_ratios = [], [], []
             for cell in mine:
                 base = by_key.get((group, "none", connections, cell["round"]))
                 if base and base["goodput"] > 0:
                     ratios.append(cell["goodput"] / base["goodput"])
+                    if cell.get("server_cpu") and base.get("server_cpu"):
+                        efficiency_ratios.append((cell["goodput"] / cell["server_cpu"])
+                                                 / (base["goodput"] / base["server_cpu"]))
                     base_p99 = base["kinds"].get("200 ok", {}).get("p99_ms")
                     p99 = cell["kinds"].get("200 ok", {}).get("p99_ms")
                     if base_p99 and p99:
@@ -267,6 +297,9 @@ def summarize(cells: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> list
                 "server_cpu": _median([c.get("server_cpu", float("nan")) for c in mine]),
                 "goodput_per_server_cpu_second": _median(
                     [c["goodput"] / c["server_cpu"] for c in mine if c.get("server_cpu")]),
+                "goodput_per_server_cpu_ratio": _median(efficiency_ratios),
+                "other_cpu": _median([c.get("other_cpu", float("nan")) for c in mine]),
+                "other_cpu_max": max(c.get("other_cpu", float("nan")) for c in mine),
                 "loadgen_cpu": _median([c["loadgen_cpu"] for c in mine]),
                 "loadgen_cpu_max": max(c["loadgen_cpu"] for c in mine),
             })
@@ -309,14 +342,23 @@ def tables(summary: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> str:
         for n in connections:
             out.append(f"| {n} | " + " | ".join(_p99(find.get((group, c, n)))
                                                 for c in configs) + " |")
+        out += ["", f"**Goodput per server CPU-second, ratio to no limiter, {title}** (does "
+                "not move when another process takes part of CPU 0).", ""]
+        out.append("| connections | " + " | ".join(CONFIGS[c].label for c in configs[1:]) + " |")
+        out.append("| --- |" + " ---: |" * (len(configs) - 1))
+        for n in connections:
+            rows = [find.get((group, c, n)) for c in configs[1:]]
+            out.append(f"| {n} | " + " | ".join(
+                "-" if r is None else f"{r['goodput_per_server_cpu_ratio']:.2f}x"
+                for r in rows) + " |")
         out.append("")
     out += ["**Every cell: rates and latency by kind of response** (medians of rounds; "
-            "`refused` is 503 or episode failure; CPU is the fraction of one core over the "
-            "window)", "",
+            "`refused` is 503 or episode failure; CPU in cores over the window: the server's, "
+            "the client's, and every other process's on the machine)", "",
             "| group | configuration | conns | 200 ok/s | ok p50 / p99 | refused/s | "
             "refused p50 / p99 | reconnects/s | server CPU | ok per server CPU-s | "
-            "client CPU |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "client CPU | other CPU |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in summary:
         refused = {k: v for k, v in row["kinds"].items() if k != "200 ok"}
         refused_rate = sum(v["per_second"] for v in refused.values())
@@ -330,7 +372,8 @@ def tables(summary: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> str:
             + (f"{worst['p50_ms']:.1f} / {worst['p99_ms']:.1f} ms" if worst else "-") + " | "
             + f"{row['reconnects_per_second']:,.0f} | {row['server_cpu']:.2f} | "
             f"{row['goodput_per_server_cpu_second']:,.0f} | {row['loadgen_cpu']:.2f} "
-            f"(max {row['loadgen_cpu_max']:.2f}) |"
+            f"(max {row['loadgen_cpu_max']:.2f}) | {row['other_cpu']:.2f} "
+            f"(max {row['other_cpu_max']:.2f}) |"
         )
     errors = {(r["group"], r["config"], r["connections"]): r["errors"] for r in summary
               if r["errors"]}
@@ -351,6 +394,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=1.0, help="warm-up per cell")
     parser.add_argument("--settle", type=float, default=0.2, help="pause between cells")
     parser.add_argument("--connections", default="64,256,1024")
+    parser.add_argument("--wait-quiet", type=float, default=30.0,
+                        help="before each round, wait up to this many seconds for the other "
+                        "processes on the machine to use under 0.3 cores (0: don't)")
     parser.add_argument("--configs", default=",".join(PLAIN_CONFIGS),
                         help="comma-separated subset of: " + ", ".join(PLAIN_CONFIGS))
     parser.add_argument("--sdk-configs", default=",".join(SDK_CONFIGS))
@@ -401,7 +447,8 @@ def main() -> None:
         "server": server_info,
         "offers": offers,
         "settings": {k: getattr(args, k) for k in ("rounds", "seconds", "warmup", "settle",
-                                                   "connections", "configs", "sdk_configs")},
+                                                   "connections", "configs", "sdk_configs",
+                                                   "wait_quiet")},
         "pinning": {"server_cpu": SERVER_CPU, "client_cpu": CLIENT_CPU,
                     "taskset": bool(pinned("0", [])), "sdk_export_interval_s": 1.0},
         "rounds": rounds,
