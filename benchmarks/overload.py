@@ -208,8 +208,8 @@ def run_rounds(args: argparse.Namespace, pairs: list[tuple[str, str]], source: P
         order = pairs[shift:] + pairs[:shift]
         busy = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
         started, load = time.monotonic(), load_average()
-        print(f"round {index + 1}/{args.rounds}: load average {load}, "
-              f"{busy} cores busy before it", flush=True)
+        quiet = "" if busy is None else f", {busy} cores busy just before"
+        print(f"round {index + 1}/{args.rounds}: load average {load}{quiet}", flush=True)
         for group, config in order:
             info = workdir / f"info-{group}-{config}.json"
             server = Server(args.python, config, group == "sdk", source, info)
@@ -458,7 +458,7 @@ def main() -> None:
     path = Path(args.json) if args.json else RESULTS / f"overload-{args.label}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print()
-    print(f"source {result['source']['commit'][:12]} ({result['source']['subject']}); "
+    print(f"source {result['source']['commit'][:12]} ({result['source']['subject'][:72]}); "
           f"load average {load_start} at start, {result['load_average_end']} at end; "
           f"{result['seconds'] / 60:.1f} min")
     print()
