@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from starlette.endpoints import HTTPEndpoint
 from starlette.routing import BaseRoute, Host, Match, Mount, Route, WebSocketRoute, compile_path
 from starlette.types import Scope
 
@@ -31,9 +32,16 @@ _HTTP = frozenset({"http"})
 _WEBSOCKET = frozenset({"websocket"})
 _ANY_TYPE = frozenset({"http", "websocket"})
 _NAMED_GROUP = re.compile(r"\(\?P<[^>]+>")
-# Resolved (type, method, path) keys kept; cleared when full so odd paths cannot grow it.
+# Resolved (type, method, path, root_path) keys kept, only for a path that is one of the app's
+# static routes and a method some route declares or HTTP defines: what a client sends beyond
+# that (404s, templated paths, odd methods) is resolved each time and leaves nothing behind.
+# Cleared when full, a bound the keys above cannot reach in practice.
 _CACHE_SIZE = 4096
 _MISS = object()
+_HTTP_METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}
+)
+_HTTP_ENDPOINT_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 class UnknownRouteError(ValueError):
@@ -47,8 +55,11 @@ class _Entry(Generic[T]):
     template: str
     regex: re.Pattern[str]
     scope_types: frozenset[str]
-    methods: frozenset[str] | None
+    methods: frozenset[str] | None  # None: every method reaches the endpoint
     opaque: BaseRoute | None = None  # a route matched only by asking it (Host)
+    static: bool = False  # a template without parameters: matches one path only
+    # Methods a class endpoint (HTTPEndpoint) answers itself, for checking a RouteLimit's.
+    endpoint_methods: frozenset[str] | None = None
     by_method: dict[str, T] = field(default_factory=dict)
     any_method: T | None = None
 
@@ -77,6 +88,9 @@ class RouteTable(Generic[T]):
     """Maps a request scope to the limit of the route the router will pick, or None."""
 
     def __init__(self, entries: list[_Entry[T]]) -> None:
+        # Paths and methods worth caching: the app's static routes, its and HTTP's methods.
+        self._static_paths = frozenset(e.template for e in entries if e.static)
+        self._methods = _HTTP_METHODS.union(*(e.methods or () for e in entries))
         last_limited = max((i for i, e in enumerate(entries) if e.limited), default=-1)
         # Routes after the last limited one cannot change the answer.
         self._entries = entries[: last_limited + 1]
@@ -106,18 +120,23 @@ class RouteTable(Generic[T]):
             return None
         if not self._cacheable:
             return self._resolve(scope)
-        key = (scope["type"], scope.get("method"), scope["path"], scope.get("root_path"))
+        method = scope.get("method")
+        key = (scope["type"], method, scope["path"], scope.get("root_path"))
         cache = self._cache
         found = cache.get(key, _MISS)
-        if found is _MISS:
-            found = self._resolve(scope)
+        if found is not _MISS:
+            return found  # type: ignore[return-value]
+        route_path = _route_path(scope)
+        found = self._resolve(scope, route_path)
+        if route_path in self._static_paths and (method is None or method in self._methods):
             if len(cache) >= _CACHE_SIZE:
                 cache.clear()
             cache[key] = found
-        return found  # type: ignore[return-value]
+        return found
 
-    def _resolve(self, scope: Scope) -> T | None:
-        route_path = _route_path(scope)
+    def _resolve(self, scope: Scope, route_path: str | None = None) -> T | None:
+        if route_path is None:
+            route_path = _route_path(scope)
         assert self._candidates is not None
         if not self._candidates.match(route_path):
             return None  # no limited route can match: skip the walk
@@ -168,14 +187,27 @@ def _flatten(routes: Sequence[Any], prefix: str) -> Iterator[_Entry[Any]]:
             yield _entry(path, _WEBSOCKET, None)
         elif isinstance(original, Route):
             methods = getattr(route, "methods", None)
-            yield _entry(path, _HTTP, frozenset(methods) if methods else None)
+            entry = _entry(path, _HTTP, frozenset(methods) if methods else None)
+            if not methods:
+                entry.endpoint_methods = _class_endpoint_methods(original.endpoint)
+            yield entry
 
 
 def _entry(
     template: str, scope_types: frozenset[str], methods: frozenset[str] | None, shown: str = ""
 ) -> _Entry[Any]:
-    regex, _, _ = compile_path(template)
-    return _Entry(shown or template, regex, scope_types, methods)
+    regex, _, convertors = compile_path(template)
+    return _Entry(shown or template, regex, scope_types, methods, static=not convertors)
+
+
+def _class_endpoint_methods(endpoint: Any) -> frozenset[str] | None:
+    """The methods an HTTPEndpoint class answers (HEAD with its GET), or None: any ASGI app."""
+    if not (isinstance(endpoint, type) and issubclass(endpoint, HTTPEndpoint)):
+        return None
+    methods = {m for m in _HTTP_ENDPOINT_METHODS if callable(getattr(endpoint, m.lower(), None))}
+    if "GET" in methods:
+        methods.add("HEAD")
+    return frozenset(methods)
 
 
 def _attach(entries: list[_Entry[T]], index: int, route_limit: RouteLimit, limit: T) -> None:
@@ -189,9 +221,11 @@ def _attach(entries: list[_Entry[T]], index: int, route_limit: RouteLimit, limit
         for entry in targets:
             entry.any_method = limit
         return
-    declared = set().union(*(e.methods or () for e in targets if e.scope_types == _HTTP))
-    unknown = [m for m in route_limit.methods if declared and m not in declared]
-    if not declared or unknown:
+    http = [e for e in targets if e.scope_types == _HTTP]
+    any_method = [e for e in http if e.methods is None and e.endpoint_methods is None]
+    declared = set().union(*(e.methods or e.endpoint_methods or () for e in http))
+    unknown = [m for m in route_limit.methods if not any_method and m not in declared]
+    if (not http or unknown) and not any_method:
         raise UnknownRouteError(
             f"routes.{index}.methods {list(route_limit.methods)}: {route_limit.path} accepts "
             f"{sorted(declared) or 'no HTTP methods (a websocket route takes methods: null)'}"
@@ -200,7 +234,8 @@ def _attach(entries: list[_Entry[T]], index: int, route_limit: RouteLimit, limit
         for method in route_limit.methods:
             if entry.methods is None or method in entry.methods:
                 entry.by_method[method] = limit
-        if "GET" in route_limit.methods and entry.methods and "HEAD" in entry.methods:
+        served = entry.methods or entry.endpoint_methods
+        if "GET" in route_limit.methods and served and "HEAD" in served:
             # Starlette serves HEAD with the GET endpoint: the same work, under the same limit
             # (unless a RouteLimit names HEAD itself).
             entry.by_method.setdefault("HEAD", limit)
