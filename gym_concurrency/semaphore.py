@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections import OrderedDict
 from typing import Literal
 
@@ -11,6 +12,8 @@ from . import observer
 from .limit import Admission, LimitScope
 
 __all__ = ["MeteredSemaphore", "QueueFullError"]
+
+_CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 
 
 class QueueFullError(Exception):
@@ -41,10 +44,11 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
         super().__init__(value)
         self._limit = value
         self._active = 0  # slots held, including ones handed to a waiter not yet resumed
-        # Waiters in arrival order, each with its timeout's timer; O(1) removal from the middle.
-        self._queue: OrderedDict[asyncio.Future[Admission], asyncio.TimerHandle | None] = (
-            OrderedDict()
-        )
+        # Waiters in arrival order, each with its deadline (loop time, None without a
+        # timeout); O(1) removal from the middle. Every waiter has the same timeout, so the
+        # deadlines are in queue order too: one timer, for the oldest waiter, serves them all.
+        self._queue: OrderedDict[asyncio.Future[Admission], float | None] = OrderedDict()
+        self._timer: asyncio.TimerHandle | None = None
         self._timeout = timeout
         self._max_queue = max_queue
         self._timeouts = 0
@@ -163,10 +167,12 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
             self._shed += 1
             waiter.set_result("shed")
             return waiter
-        timer = None
+        deadline = None
         if self._timeout is not None:
-            timer = loop.call_later(self._timeout, self._expire, waiter)
-        self._queue[waiter] = timer
+            deadline = loop.time() + self._timeout
+            if self._timer is None:
+                self._timer = loop.call_at(deadline, self._expire)
+        self._queue[waiter] = deadline
         return waiter
 
     def leave(self, waiter: asyncio.Future[Admission], *, cancelled: bool = True) -> None:
@@ -175,9 +181,7 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
         that same moment passes on to the next waiter, never lost."""
         counted = int(cancelled)
         if waiter in self._queue:
-            timer = self._queue.pop(waiter)
-            if timer is not None:
-                timer.cancel()
+            del self._queue[waiter]  # the timer, if it was for this waiter, re-arms when it fires
             self._cancelled += counted
             if not waiter.done():
                 waiter.cancel()
@@ -203,12 +207,22 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
             )
         raise TimeoutError(f"{self._describe()}: no slot within {self._timeout} s")
 
-    def _expire(self, waiter: asyncio.Future[Admission]) -> None:
-        # Called only while `waiter` is queued: handing it a slot or leaving cancels the timer.
-        del self._queue[waiter]
-        if not waiter.done():  # else cancelled with its task, which counts it when it leaves
-            self._timeouts += 1
-            waiter.set_result("timeout")
+    def _expire(self) -> None:
+        """Time out every waiter whose deadline has passed (the oldest ones), then re-arm the
+        timer for the oldest waiter left."""
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time() + _CLOCK_RESOLUTION  # as the loop itself decides a timer is due
+        queue = self._queue
+        while queue:
+            waiter, deadline = next(iter(queue.items()))
+            if deadline is not None and deadline > now:
+                self._timer = loop.call_at(deadline, self._expire)
+                return
+            del queue[waiter]
+            if not waiter.done():  # else cancelled with its task, which counts it when it leaves
+                self._timeouts += 1
+                waiter.set_result("timeout")
 
     def release(self) -> None:
         """Give a slot back: to the longest waiter if any. Raises ValueError if none is held."""
@@ -229,9 +243,7 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
         """Hand free slots to the longest waiters."""
         queue = self._queue
         while queue and self._active < self._limit:
-            waiter, timer = queue.popitem(last=False)
-            if timer is not None:
-                timer.cancel()
+            waiter, _ = queue.popitem(last=False)
             if waiter.done():  # cancelled with its task, which counts it when it leaves
                 continue
             self._active += 1

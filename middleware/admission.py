@@ -6,13 +6,10 @@ One request, top to bottom: scope -> route table -> admit (or fail) -> app -> re
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 from opentelemetry.metrics import MeterProvider
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from gym_concurrency.limit import Admission
 
 from .body import QueuedBodies
 from .dependencies import check_operation_names
@@ -81,9 +78,10 @@ class ConcurrencyLimitMiddleware:
         limit = route.limit
         if not limit.try_acquire():
             waiter = limit.enqueue()
-            if waiter.done() and scope_type == "http" and not route.failures.episode:
-                await self._refuse_at_once(route, waiter.result(), send)
-            else:  # it waits (or its refusal needs the body): read the client meanwhile
+            if waiter.done() and scope_type == "http":  # refused as it arrived
+                self._record_no_wait(route, waiter.result())
+                await self._queued.refuse_at_once(route, waiter.result(), receive, send)
+            else:  # it waits: read the client meanwhile
                 await self._queued(route, waiter, scope, receive, send)
             return
         try:  # the slot is held from here on: nothing may come between taking and `try`
@@ -92,12 +90,6 @@ class ConcurrencyLimitMiddleware:
             await self.app(scope, receive, send)
         finally:
             limit.release()
-
-    async def _refuse_at_once(self, route: LimitedRoute, reason: Admission, send: Send) -> None:
-        """A full queue (or an unreachable shared limit): answered without reading the body."""
-        self._record_no_wait(route, reason)
-        with contextlib.suppress(OSError):  # the client left while we answered; nothing held
-            await route.failures.send(send, reason)  # type: ignore[arg-type]
 
     def _record_no_wait(self, route: LimitedRoute, outcome: str) -> None:
         histogram = self._recorder.histogram()

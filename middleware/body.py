@@ -9,11 +9,30 @@ cancelled: its message is what the app's first receive() after the buffered ones
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import deque
+from collections.abc import Awaitable, Callable
 
 from starlette.types import Message, Receive
 
 __all__ = ["QueuedBodies", "QueuedRequest", "QueuedWebsocket"]
+
+
+def _cancel_if_running(pending: asyncio.Future[Message]) -> None:
+    if not pending.done():
+        pending.cancel()
+
+
+def _start(read: Awaitable[Message]) -> asyncio.Future[Message]:
+    """A task for a read; where Python has eager tasks (3.12), run at once up to its first
+    wait, so a message the server already has costs no loop pass."""
+    if _EAGER and asyncio.iscoroutine(read):
+        loop = asyncio.get_running_loop()
+        return asyncio.Task(read, loop=loop, eager_start=True)  # type: ignore[call-arg,unused-ignore]
+    return asyncio.ensure_future(read)
+
+
+_EAGER = sys.version_info >= (3, 12)
 
 
 class QueuedBodies:
@@ -28,29 +47,33 @@ class QueuedBodies:
 
 
 class _Queued:
-    """A connection's reads while it waits: at most one in flight, handed on, never cancelled
-    while anyone may still want its message."""
+    """A connection's reads while it waits: at most one in flight, each started from the last
+    one's callback (no watcher task), handed on to the app, never cancelled while anyone may
+    still want its message."""
 
-    __slots__ = ("_pending", "_receive", "disconnected")
+    __slots__ = ("_on_stop", "_pending", "_receive", "disconnected", "failure")
 
     def __init__(self, receive: Receive) -> None:
         self._receive = receive
         self._pending: asyncio.Future[Message] | None = None
+        self._on_stop: Callable[[], object] | None = None
         self.disconnected = False
+        self.failure: BaseException | None = None  # a read that raised
 
-    def reading(self) -> asyncio.Future[Message] | None:
-        """The read in flight, started if reading may go on; None once reading must stop."""
-        pending = self._pending
-        if pending is None and self._may_read():
-            pending = self._pending = asyncio.ensure_future(self._receive())
-        return pending
+    @property
+    def stopped(self) -> bool:
+        """True once the client disconnected or reading it failed."""
+        return self.disconnected or self.failure is not None
 
-    def take(self) -> None:
-        """Keep the message of the finished read in flight (its exception is raised)."""
-        pending = self._pending
-        assert pending is not None, "take() with no read in flight"
-        self._pending = None
-        self._keep(pending.result())
+    def watch(self, on_stop: Callable[[], object]) -> None:
+        """Read the client until `stop_watching()`; call `on_stop` if it disconnects or a read
+        fails first."""
+        self._on_stop = on_stop
+        self._read_next()
+
+    def stop_watching(self) -> None:
+        """Start no more reads; one in flight stays, and its message is kept for the app."""
+        self._on_stop = None
 
     async def receive(self) -> Message:
         """The app's receive: what was buffered, then the read in flight, then the server's."""
@@ -60,7 +83,7 @@ class _Queued:
         pending = self._pending
         if pending is None:
             return await self._receive()
-        self._pending = None
+        self._pending = None  # its message is this call's now, not the buffer's
         try:
             return await asyncio.shield(pending)  # cancelling the app's receive keeps the read
         except asyncio.CancelledError:
@@ -69,15 +92,51 @@ class _Queued:
             raise
 
     def close(self) -> None:
-        """Stop a read nobody can take any more (the app returned, or the request ended)."""
+        """Drop a read nobody can take any more (the app returned, or the request ended)."""
+        self._on_stop = None
         pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        if pending.done():
-            if not pending.cancelled():
-                pending.exception()  # retrieved: nobody is left to raise it to
-        else:
-            pending.cancel()
+        if pending is not None and not pending.done():
+            pending.remove_done_callback(self._on_read)
+            # Most servers end it themselves as the response completes (uvicorn answers it
+            # with http.disconnect in the next loop pass); cancel it only if still running then.
+            asyncio.get_running_loop().call_soon(_cancel_if_running, pending)
+
+    def _read_next(self) -> None:
+        """Start reads while reading may go on: each one that ends at once is kept at once."""
+        while self._may_read():
+            pending = _start(self._receive())
+            if not pending.done():
+                self._pending = pending
+                pending.add_done_callback(self._on_read)
+                return
+            if not self._kept(pending):
+                return
+
+    def _on_read(self, pending: asyncio.Future[Message]) -> None:
+        if pending is not self._pending:
+            return  # handed to the app (or a refusal), or closed
+        self._pending = None
+        if self._kept(pending):
+            self._read_next()
+
+    def _kept(self, pending: asyncio.Future[Message]) -> bool:
+        """Keep a finished read's message (or failure); True if reading goes on."""
+        try:
+            message = pending.result()
+        except BaseException as error:  # kept, and raised to the app
+            self.failure = error
+            self._stop()
+            return False
+        self._keep(message)
+        if self.disconnected:
+            self._stop()
+            return False
+        return self._on_stop is not None
+
+    def _stop(self) -> None:
+        on_stop, self._on_stop = self._on_stop, None
+        if on_stop is not None:
+            on_stop()
 
     def _may_read(self) -> bool:
         raise NotImplementedError
@@ -94,13 +153,14 @@ class QueuedRequest(_Queued):
     client disconnected. Reading stops at `max_body_bytes` of this body or when `bodies` is
     full; once the body is complete, the next read only notices a disconnect."""
 
-    __slots__ = ("_bodies", "_body", "_max_body_bytes", "complete", "size")
+    __slots__ = ("_bodies", "_body", "_disconnect", "_max_body_bytes", "complete", "size")
 
     def __init__(self, receive: Receive, max_body_bytes: int, bodies: QueuedBodies) -> None:
         super().__init__(receive)
         self._max_body_bytes = max_body_bytes
         self._bodies = bodies
         self._body: bytes | bytearray | None = None  # None: nothing read, or handed to the app
+        self._disconnect: Message | None = None  # replayed after the body
         self.size = 0
         self.complete = False
 
@@ -112,18 +172,21 @@ class QueuedRequest(_Queued):
 
     async def read_body(self, seconds: float) -> bytes | None:
         """Read on until the body is complete, within `seconds`; `body()` then (None if the
-        client left, a bound stopped the reading, or the time ran out)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
-        while not self.complete and not self.disconnected:
-            pending = self.reading()
-            if pending is None:
-                return None
-            if not pending.done():
-                await asyncio.wait((pending,), timeout=deadline - loop.time())
-                if not pending.done():
-                    return None
-            self.take()
+        client left, a bound stopped the reading, or the time ran out). For a refusal only:
+        a read cut off by the deadline is wanted by nobody."""
+        self.stop_watching()
+        try:
+            async with asyncio.timeout(seconds):
+                while not self.complete and not self.disconnected:
+                    pending, self._pending = self._pending, None
+                    if pending is not None:
+                        self._keep(await pending)
+                    elif self._may_read():
+                        self._keep(await self._receive())
+                    else:
+                        return None
+        except TimeoutError:
+            return None
         return None if self.disconnected else self.body()
 
     def close(self) -> None:
@@ -141,6 +204,7 @@ class QueuedRequest(_Queued):
         kind = message["type"]
         if kind == "http.disconnect":
             self.disconnected = True
+            self._disconnect = message
         elif kind == "http.request" and not self.complete:
             self._append(message.get("body", b""))
             self.complete = not message.get("more_body", False)
@@ -158,10 +222,12 @@ class QueuedRequest(_Queued):
 
     def _replay(self) -> Message | None:
         body = self._body
-        if body is None:
-            return None
-        message = {"type": "http.request", "body": bytes(body), "more_body": not self.complete}
-        self._release_bytes()
+        if body is not None:
+            self._release_bytes()
+            return {"type": "http.request", "body": bytes(body), "more_body": not self.complete}
+        if self.failure is not None:
+            raise self.failure
+        message, self._disconnect = self._disconnect, None
         return message
 
     def _release_bytes(self) -> None:
@@ -188,4 +254,8 @@ class QueuedWebsocket(_Queued):
         self.disconnected = message["type"] == "websocket.disconnect"
 
     def _replay(self) -> Message | None:
-        return self._buffered.popleft() if self._buffered else None
+        if self._buffered:
+            return self._buffered.popleft()
+        if self.failure is not None:
+            raise self.failure
+        return None

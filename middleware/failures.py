@@ -144,7 +144,7 @@ def episode_ids(request_body: bytes) -> tuple[bytes, bytes]:
     whatever value it is: `task.task_id`, else a top-level `task_id`; `null` where absent or
     the body is not a JSON object."""
     try:
-        request = json.loads(request_body, parse_constant=_reject_constant)
+        request = _DECODER.decode(request_body.decode())
     except (ValueError, RecursionError):  # not JSON (UnicodeDecodeError is a ValueError)
         return _NULL, _NULL
     if not isinstance(request, dict):
@@ -161,11 +161,18 @@ def _reject_constant(name: str) -> None:
 
 
 def _encode_id(value: object) -> bytes:
+    if value is None:
+        return _NULL
     try:
         return _dumps(value)
     except (ValueError, RecursionError):  # a number too large for a float: inf
         return _NULL
 
 
+# Made once: json.loads / json.dumps with options build a new decoder / encoder per call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def _dumps(value: object) -> bytes:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+    return _ENCODER.encode(value).encode()

@@ -1,10 +1,10 @@
 """A request or websocket that found no free slot: wait in the limit's queue while reading the
 client, then run the app holding the slot, or answer with the route's failure profile.
 
-While it waits it costs a queue entry (with the limit's timer) and at most one read of the
-client in flight, no task group and no watcher. A client that disconnects leaves the queue at
-once; a read in flight at admission (or refusal) is never cancelled while its message may
-still be wanted: the app's first receive() after the buffered body gets it.
+While it waits it costs a queue entry and at most one read of the client in flight: no task
+group and no watcher, the request's task awaits its place in the queue alone. A client that
+disconnects leaves the queue at once; a read in flight at admission (or refusal) is never
+cancelled while its message may still be wanted: the app's next receive() gets it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ __all__ = ["QueuedAdmission"]
 
 Outcome = Literal["admitted", "timeout", "shed", "unavailable", "cancelled"]
 _TRY_AGAIN_LATER = 1013  # websocket close code
-_FIRST = asyncio.FIRST_COMPLETED
 _WEBSOCKET_REASONS = {"timeout": "admission timed out", "shed": "admission queue full"}
 
 
@@ -81,6 +80,23 @@ class QueuedAdmission:
         finally:
             queued.close()
 
+    async def refuse_at_once(
+        self, route: LimitedRoute, reason: Admission, receive: Receive, send: Send
+    ) -> None:
+        """Refuse an HTTP request whose wait ended as it began (a full queue, an unreachable
+        shared limit): no read of the client unless the episode profile needs its body."""
+        body = None
+        if route.failures.episode:
+            queued = QueuedRequest(receive, self.max_body_bytes, self.bodies)
+            try:
+                body = await queued.read_body(self.refusal_body_seconds)
+            finally:
+                queued.close()
+            if queued.disconnected:
+                return
+        with contextlib.suppress(OSError):  # the client left while we answered; nothing held
+            await route.failures.send(send, reason, body)  # type: ignore[arg-type]
+
     async def _wait(
         self,
         route: LimitedRoute,
@@ -133,19 +149,25 @@ class QueuedAdmission:
 async def _wait_reading(
     route: LimitedRoute, waiter: asyncio.Future[Admission], queued: QueuedRequest | QueuedWebsocket
 ) -> Outcome:
-    """Wait for `waiter` while reading the client, one read in flight; "cancelled" (having
-    left the queue) if the client disconnects first."""
-    while not waiter.done():
-        reading = queued.reading()
-        if reading is None:  # a bound stopped the reading: wait for the slot alone
-            return await waiter
-        await asyncio.wait((waiter, reading), return_when=_FIRST)
-        if reading.done():
-            queued.take()
-            if queued.disconnected:
-                route.limit.leave(waiter)
-                return "cancelled"
-    return waiter.result()
+    """Wait for `waiter` while `queued` reads the client; "cancelled" (having left the queue)
+    if the client disconnects first. A failed read is raised."""
+    queued.watch(waiter.cancel)  # a disconnect or a failed read ends the wait
+    try:
+        result = await waiter
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if not queued.stopped or (task is not None and task.cancelling()):
+            raise  # the server cancelled the request
+        result = None
+    finally:
+        queued.stop_watching()
+    if queued.failure is not None:
+        raise queued.failure  # the caller leaves the queue, uncounted
+    if queued.disconnected:  # also when admitted in the same moment: the slot passes on
+        route.limit.leave(waiter)
+        return "cancelled"
+    assert result is not None
+    return result
 
 
 async def _refuse_websocket(reason: str, queued: QueuedWebsocket, send: Send) -> None:
