@@ -1,13 +1,16 @@
-"""A hypothesis state machine over random interleavings of acquire, timeout, cancel, release.
+"""A hypothesis state machine over random interleavings of acquire (through `acquire()` and
+through `enqueue()` / `leave()`, as the middleware does), timeout, cancel, release and resize.
 
 The loop runs on a clock the test advances, so deadlines fire exactly when a rule says so.
-After every step: never more holders than the limit, active + available == limit,
-queue_depth == tasks waiting, and every finished attempt counted exactly once.
+After every step: no admission ever took `active` past the limit in force, no waiter waits
+while a slot is free, admissions come in arrival order, queue_depth == tasks waiting, and
+every finished attempt is counted exactly once.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from enum import Enum
 
 from hypothesis import settings
@@ -37,25 +40,53 @@ class State(Enum):
 class Attempt:
     """One task trying the semaphore: waits, holds until told to release, then ends."""
 
-    def __init__(self, sem: MeteredSemaphore, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        sem: MeteredSemaphore,
+        loop: asyncio.AbstractEventLoop,
+        on_admitted: Callable[[Attempt], None],
+        *,
+        through_enqueue: bool,
+    ) -> None:
         self.state = State.WAITING
         self.outcome: str | None = None
         self.release = asyncio.Event()
-        self.task = loop.create_task(self.run(sem))
+        self._on_admitted = on_admitted
+        wait = self.enqueue if through_enqueue else self.acquire
+        self.task = loop.create_task(self.run(sem, wait))
 
-    async def run(self, sem: MeteredSemaphore) -> None:
+    async def acquire(self, sem: MeteredSemaphore) -> str:
         try:
             await sem.acquire()
         except TimeoutError:
-            self.outcome, self.state = "timeout", State.DONE
-            return
+            return "timeout"
         except QueueFullError:
-            self.outcome, self.state = "shed", State.DONE
-            return
+            return "shed"
+        return "admitted"
+
+    async def enqueue(self, sem: MeteredSemaphore) -> str:
+        if sem.try_acquire():
+            return "admitted"
+        waiter = sem.enqueue()
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            sem.leave(waiter)
+            raise
+
+    async def run(
+        self, sem: MeteredSemaphore, wait: Callable[[MeteredSemaphore], Awaitable[str]]
+    ) -> None:
+        try:
+            outcome = await wait(sem)
         except asyncio.CancelledError:
             self.outcome, self.state = "cancelled", State.DONE
             raise
+        if outcome != "admitted":
+            self.outcome, self.state = outcome, State.DONE
+            return
         self.outcome, self.state = "admitted", State.HOLDING
+        self._on_admitted(self)
         try:
             await self.release.wait()
         finally:
@@ -75,6 +106,8 @@ class SemaphoreMachine(RuleBasedStateMachine):
         self.loop = ManualClockLoop()
         self.sem = MeteredSemaphore(limit, timeout=timeout, max_queue=max_queue)
         self.attempts: list[Attempt] = []
+        self.admitted_over_limit: list[tuple[int, int]] = []
+        self.overtaken: list[int] = []
 
     def run(self, coro):  # type: ignore[no-untyped-def]
         return self.loop.run_until_complete(coro)
@@ -93,9 +126,24 @@ class SemaphoreMachine(RuleBasedStateMachine):
     def of(self, state: State) -> list[Attempt]:
         return [a for a in self.attempts if a.state is state]
 
-    @rule()
-    def acquire(self) -> None:
-        self.attempts.append(Attempt(self.sem, self.loop))
+    def admitted(self, attempt: Attempt) -> None:
+        # Checked at the moment of admission: within the limit in force, and nobody who
+        # arrived earlier is still waiting.
+        if self.sem.active > self.sem.limit:
+            self.admitted_over_limit.append((self.sem.active, self.sem.limit))
+        earlier = self.attempts[: self.attempts.index(attempt)]
+        if any(a.state is State.WAITING for a in earlier):
+            self.overtaken.append(self.attempts.index(attempt))
+
+    @rule(through_enqueue=st.booleans())
+    def acquire(self, through_enqueue: bool) -> None:
+        attempt = Attempt(self.sem, self.loop, self.admitted, through_enqueue=through_enqueue)
+        self.attempts.append(attempt)
+        self.settle()
+
+    @rule(limit=st.integers(0, 5))
+    def resize(self, limit: int) -> None:
+        self.sem.resize(limit)
         self.settle()
 
     @precondition(lambda self: bool(self.of(State.HOLDING)))
@@ -131,10 +179,20 @@ class SemaphoreMachine(RuleBasedStateMachine):
         self.settle()
 
     @invariant()
-    def never_over_the_limit(self) -> None:
+    def never_admitted_over_the_limit(self) -> None:
         if hasattr(self, "sem"):
-            assert self.sem.active <= self.sem.limit
-            assert self.sem.active + self.sem.available == self.sem.limit
+            assert self.admitted_over_limit == []
+            assert self.sem.available == max(0, self.sem.limit - self.sem.active)
+
+    @invariant()
+    def no_waiter_while_a_slot_is_free(self) -> None:
+        if hasattr(self, "sem"):
+            assert not (self.sem.queue_depth and self.sem.active < self.sem.limit)
+
+    @invariant()
+    def admitted_in_arrival_order(self) -> None:
+        if hasattr(self, "sem"):
+            assert self.overtaken == []
 
     @invariant()
     def holders_and_waiters_match_the_counts(self) -> None:
