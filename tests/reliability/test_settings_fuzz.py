@@ -11,6 +11,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -178,3 +179,77 @@ def check_names_file(error: Exception, path: Path) -> None:
         return
     assert isinstance(error, ValueError), f"{type(error).__name__}: {error}"
     assert path.name in str(error), f"{path.name} not named in: {error}"
+
+
+# Number fields, as a path into VALID (every int and float a user sets).
+NUMBER_FIELDS: list[tuple[Any, ...]] = [
+    ("max_queued_body_bytes",),
+    ("routes", 0, "max_concurrent"),
+    ("routes", 0, "queue_timeout_seconds"),
+    ("routes", 0, "max_queue"),
+    ("routes", 0, "retry_after_seconds"),
+    ("operations", 0, "max_concurrent"),
+    ("operations", 0, "timeout_seconds"),
+]
+WHOLE = re.compile(r"[+-]?(?:0|[1-9][0-9]*)")
+DECIMAL = re.compile(r"[+-]?(?:(?:0|[1-9][0-9]*)(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+# What YAML 1.1 reads as something other than the decimal number it seems to say, and more.
+number_text = st.one_of(
+    st.sampled_from(["yes", "no", "on", "off", "y", "n", "true", "false", "True", "NO", "~",
+                     "null", "010", "0o10", "0x1f", "0b11", "1_000", "1:30", "190:20:30",
+                     "+5", "-0", "007", "1e2", "1E+2", ".5", "5.", "0.5", "2001-12-14",
+                     ".inf", "-.inf", ".nan", "1.5e-3", "0010.5"]),
+    st.from_regex(r"[-+]?[0-9_:.oxbeE]{1,7}", fullmatch=True),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from(NUMBER_FIELDS), text=number_text)
+def test_a_yaml_number_is_the_decimal_it_spells_or_an_error_naming_the_field(
+    field: tuple[Any, ...], text: str
+):
+    """A number field in YAML holds the number its text says in decimal, or the load fails
+    naming the field: never a boolean, octal, hex, sexagesimal or underscored reading."""
+    document = yaml.safe_dump(mutated(field, "PLACEHOLDER")).replace("PLACEHOLDER", text)
+    with tempfile.TemporaryDirectory() as folder, environment({}):
+        path = Path(folder) / "settings.yaml"
+        path.write_text(document, encoding="utf-8")
+        loaded, error = attempt(lambda: ConcurrencySettings.from_file(path).model_dump())
+    if error is not None:
+        if isinstance(error, SETTINGS_ERRORS):
+            check_names_field(error, field)
+        else:
+            check_names_file(error, path)
+        return
+    value: Any = loaded
+    for key in field:
+        value = value[key]
+    if value is None:  # null, where the field allows it
+        assert text in ("~", "null"), f"{text!r} loaded as None"
+        return
+    assert not isinstance(value, bool), f"{text!r} loaded as {value!r}"
+    assert WHOLE.fullmatch(text) or DECIMAL.fullmatch(text), f"{text!r} loaded as {value!r}"
+    assert value == float(text), f"{text!r} loaded as {value!r}"
+
+
+def attempt(load_settings: Any) -> tuple[Any, Exception | None]:
+    try:
+        return load_settings(), None
+    except Exception as error:
+        return None, error
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.from_regex(r"[A-Za-z0-9_]{1,40}", fullmatch=True), raw=env_text)
+def test_an_unknown_variable_fails_naming_it(name: str, raw: str):
+    """Any GYM_CONCURRENCY_* variable loads as a setting, or the error names the variable
+    (or, for a value that a known field refuses, that field)."""
+    with environment({ENV_PREFIX + name: raw}):
+        _, error = attempt(ConcurrencySettings)
+    if error is None:  # it loaded, so it is a setting: never ignored
+        assert name.lower().split("__")[0] in ConcurrencySettings.model_fields, name
+    elif isinstance(error, SettingsError):
+        assert ENV_PREFIX + name in str(error), str(error)
+    else:
+        assert isinstance(error, ValidationError), f"{type(error).__name__}: {error}"
+        assert name.lower().split("__")[0] in str(error), str(error)
