@@ -17,6 +17,7 @@ import re
 import types
 import typing
 from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -269,7 +270,12 @@ class ConcurrencySettings(_NumbersAreNumbers, BaseSettings):
         """
         path = Path(path)
         data = _load_mapping(path)
-        return cls.model_validate(environment_values(cls, os.environ, base=data))
+        merged = environment_values(cls, os.environ, base=data)
+        token = _READ_ENVIRONMENT.set(False)  # read just now, over the file
+        try:
+            return cls(**merged)
+        finally:
+            _READ_ENVIRONMENT.reset(token)
 
 
 def _load_mapping(path: Path) -> dict[str, Any]:
@@ -401,6 +407,8 @@ def _strict_yaml_loader() -> Any:
 
 _INDEX = re.compile(r"0|[1-9][0-9]*")
 _Path = tuple[str | int, ...]
+# False while from_file builds its settings: the environment was already merged over the file.
+_READ_ENVIRONMENT: ContextVar[bool] = ContextVar("gym_concurrency_read_environment", default=True)
 
 
 class _EnvironmentSource(PydanticBaseSettingsSource):
@@ -411,6 +419,8 @@ class _EnvironmentSource(PydanticBaseSettingsSource):
         return None, field_name, False  # unused: __call__ reads every variable at once
 
     def __call__(self) -> dict[str, Any]:
+        if not _READ_ENVIRONMENT.get():
+            return {}
         return environment_values(self.settings_cls, os.environ)
 
 

@@ -568,6 +568,25 @@ def test_the_environment_wins_over_the_file(tmp_path: Path, monkeypatch: pytest.
         monkeypatch.delenv(f"GYM_CONCURRENCY_ROUTES__1__{field}")
     monkeypatch.setenv("GYM_CONCURRENCY_ROUTES", json.dumps([route(path="/other")]))
     assert [r.path for r in ConcurrencySettings.from_file(path).routes] == ["/other"]
+    # The next index after the file's last entry adds an entry.
+    monkeypatch.delenv("GYM_CONCURRENCY_ROUTES")
+    two = tmp_path / "two.yaml"
+    two.write_text(
+        "routes:\n  - {path: /a, limit_name: a, max_concurrent: 1}\n"
+        "  - {path: /b, limit_name: b, max_concurrent: 1}\n"
+    )
+    set_env(
+        monkeypatch,
+        {
+            "GYM_CONCURRENCY_ROUTES__2__PATH": "/c",
+            "GYM_CONCURRENCY_ROUTES__2__LIMIT_NAME": "c",
+            "GYM_CONCURRENCY_ROUTES__2__MAX_CONCURRENT": "3",
+        },
+    )
+    assert [r.path for r in ConcurrencySettings.from_file(two).routes] == ["/a", "/b", "/c"]
+    for field in ("PATH", "LIMIT_NAME", "MAX_CONCURRENT"):
+        monkeypatch.delenv(f"GYM_CONCURRENCY_ROUTES__2__{field}")
+    monkeypatch.setenv("GYM_CONCURRENCY_ROUTES", json.dumps([route(path="/other")]))
     # An index past the file's entries leaves no gap unnoticed.
     monkeypatch.delenv("GYM_CONCURRENCY_ROUTES")
     monkeypatch.setenv("GYM_CONCURRENCY_ROUTES__2__PATH", "/x")
