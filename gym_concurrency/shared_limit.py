@@ -36,6 +36,7 @@ _log = logging.getLogger(__name__)
 _RECHECK_SECONDS: Final = 1.0  # the longest a lost notification can delay a waiter
 _PROBE_SECONDS: Final = 0.25  # how often an unreachable Redis is tried again
 _CLOSE_SECONDS: Final = 2.0  # how long close() waits for in-flight Redis calls
+_BATCH: Final = 256  # waiters registered in one script call
 
 
 class LimitUnavailableError(Exception):
@@ -130,6 +131,7 @@ class SharedLimit:
         # the global state as last seen
         self._global_held = 0
         self._global_queued = 0
+        self._stamp = 0  # Redis's clock (µs) of the newest answer seen
         # this process's share
         self._held: dict[str, None] = {}  # lease ids held here, in the order taken
         self._waiting: dict[asyncio.Future[Admission], _Waiter] = {}
@@ -144,6 +146,8 @@ class SharedLimit:
         self._dropping: set[str] = set()  # ids to remove from Redis once it answers again
         self._inflight: set[str] = set()  # ids named by the sync in flight: removals wait
         self._deferred: list[str] = []
+        self._unsent: list[_Waiter] = []  # waiters not yet sent to Redis, in arrival order
+        self._registering = False
         self._down = False
         self._sync_now = False  # Redis answered again: renew and re-register at once
         self._contacted = False
@@ -310,7 +314,10 @@ class SharedLimit:
             self._unreachable(waiter)
             return future
         waiter = self._add(_Waiter(f"{self._proc}:{next(self._counter)}", future), loop)
-        self._spawn(self._register(waiter))
+        self._unsent.append(waiter)
+        if not self._registering:
+            self._registering = True
+            self._spawn(self._register())
         return future
 
     def leave(self, waiter: asyncio.Future[Admission], *, cancelled: bool = True) -> None:
@@ -400,7 +407,7 @@ class SharedLimit:
             return
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.wait(self._tasks)  # (they also stop on their own once closed)
         self._tasks = []
         ids = list(self._held) + [i for i, w in self._ids.items() if w.registered]
         for waiter in list(self._waiting.values()):
@@ -454,7 +461,7 @@ class SharedLimit:
                 self._fallback.leave(waiter.fallback)  # passes on a slot it was just handed
         elif waiter.id is not None and waiter.registered:
             self._remove(waiter.id)
-        # still registering: _register() removes what Redis made for it
+        # not answered yet: _registered() removes what Redis made for it
 
     def _expire(self, waiter: _Waiter) -> None:
         waiter.timer = None
@@ -542,6 +549,8 @@ class SharedLimit:
         self._held.clear()
         self._waiting.clear()
         self._ids.clear()
+        self._unsent.clear()
+        self._registering = False
         self._failures = (RedisError, OSError, TimeoutError)
         common: dict[str, Any] = {
             "decode_responses": True,
@@ -583,7 +592,10 @@ class SharedLimit:
         async with asyncio.timeout(self._redis_timeout):
             reply: list[Any] = await self._scripts[script](keys=self._keys, args=head + args)
         self._contacted = True
-        self._limit, self._global_held, self._global_queued = (int(v) for v in reply[1:4])
+        stamp = int(reply[4])
+        if stamp >= self._stamp or stamp < self._stamp - 1_000_000:  # (a clock stepped back)
+            self._stamp = stamp
+            self._limit, self._global_held, self._global_queued = (int(v) for v in reply[1:4])
         if self._down:
             self._down = False
             self._sync_now = True
@@ -618,29 +630,60 @@ class SharedLimit:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _register(self, waiter: _Waiter) -> None:
-        """Run the acquire script for `waiter`: admitted, queued (a notification or the
-        re-check admits it later), shed; or Redis is unreachable."""
-        lease = waiter.id
-        assert lease is not None
+    async def _register(self) -> None:
+        """Send waiters to Redis in this process's arrival order, a batch at a time, so that
+        their tickets keep that order (pooled connections would not)."""
+        try:
+            while self._unsent:
+                batch = self._unsent[:_BATCH]
+                del self._unsent[:_BATCH]
+                waiters = []
+                for waiter in batch:
+                    if not self._current(waiter):
+                        continue  # ended before it was sent: nothing to undo
+                    if waiter.future.done():  # cancelled with its task: counted when it leaves
+                        self._end(waiter)
+                    elif self._down or self._closed:
+                        self._unsent_unreachable(waiter)
+                    else:
+                        waiters.append(waiter)
+                if waiters:
+                    await self._register_batch(waiters)
+        finally:
+            self._registering = False
+
+    async def _register_batch(self, waiters: list[_Waiter]) -> None:
+        ids = [w.id for w in waiters if w.id is not None]
         max_queue = -1 if self._max_queue is None else self._max_queue
         try:
-            reply = await self._call("acquire", [lease, max_queue])
+            reply = await self._call("acquire", [max_queue, *ids])
         except self._failures as error:
             self._failed("acquire", error)
-            self._dropping.add(lease)  # it may have run: remove what it made once Redis answers
-            if self._current(waiter):
-                self._ids.pop(lease, None)
-                waiter.id = None
-                if waiter.future.done():  # cancelled with its task: counted when it leaves
-                    self._end(waiter)
-                else:
-                    self._unreachable(waiter)
+            self._dropping.update(ids)  # they may have run: removed once Redis answers
+            for waiter in waiters:
+                if self._current(waiter):
+                    self._unsent_unreachable(waiter)
             return
+        for waiter, status in zip(waiters, reply[5], strict=True):
+            self._registered(waiter, int(status))
+
+    def _unsent_unreachable(self, waiter: _Waiter) -> None:
+        if waiter.id is not None:
+            self._ids.pop(waiter.id, None)
+            waiter.id = None
+        if waiter.future.done():  # cancelled with its task: counted when it leaves
+            self._end(waiter)
+        else:
+            self._unreachable(waiter)
+
+    def _registered(self, waiter: _Waiter, status: int) -> None:
+        """Redis answered for `waiter`: 1 admitted, 2 shed, 0 queued (a notification or the
+        re-check admits it later)."""
+        lease = waiter.id
+        assert lease is not None
         waiter.registered = True
-        status = reply[0]
         if not self._current(waiter) or waiter.future.done():
-            # It ended while registering (timeout, leave, cancel), or a notification was first.
+            # It ended meanwhile (timeout, leave, cancel), or a notification was first.
             if lease not in self._held:
                 self._end(waiter)
                 if status != 2:
@@ -701,7 +744,7 @@ class SharedLimit:
             if deferred:
                 self._spawn(self._remove_now(deferred))
         self._dropping.difference_update(drops)
-        granted, reclaimed, requeued = reply[4], reply[5], reply[6]
+        granted, reclaimed, requeued = reply[5], reply[6], reply[7]
         for lease in granted:
             self._granted(lease)
         if reclaimed or requeued:
@@ -718,7 +761,7 @@ class SharedLimit:
         second while waiters queue (the re-check), every 0.25 s while Redis is away."""
         period = self._lease_seconds / 3
         last = -math.inf
-        while True:
+        while not self._closed:  # (a cancel swallowed inside a client call ends it too)
             try:
                 now = time.monotonic()
                 if self._down or self._sync_now:
@@ -743,7 +786,7 @@ class SharedLimit:
         process's list, read here with a blocking pop."""
         box = self._mbox_prefix + self._proc
         backoff = 0.05
-        while True:
+        while not self._closed:
             try:
                 item = await self._mailbox_client.blpop([box], timeout=_RECHECK_SECONDS)
             except Exception as error:  # Redis away: the heartbeat notices; try again soon

@@ -20,7 +20,8 @@ Ids are `<proc>:<n>`: a waiter that is handed a slot keeps its id as the lease i
 process part names the mailbox to notify. Every script takes the same first five arguments:
 mailbox prefix, lease milliseconds, the limit as last seen (restored if the key is gone),
 "1" if this process has seen the state before (so a missing `limit` means Redis lost it), and
-the grace milliseconds. Every script answers `{limit, leases held, waiters queued, ...}`.
+the grace milliseconds. Every script answers `{status, limit, leases held, waiters queued,
+stamp, ...}`, the stamp being Redis's clock in microseconds.
 """
 
 from __future__ import annotations
@@ -90,45 +91,54 @@ local function remove(id)
   redis.call('ZREM', K_LEASES, id)
 end
 
-local function state(limit)
-  return {limit, redis.call('ZCARD', K_LEASES), redis.call('ZCARD', K_QUEUE)}
-end
-
+-- {head, limit, held, queued, stamp, ...}: the stamp (server microseconds; scripts run one
+-- at a time) lets a client ignore an older answer that reaches it after a newer one.
 local function answer(head, limit, ...)
-  local s = state(limit)
-  local out = {head, s[1], s[2], s[3]}
+  local stamp = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local out = {head, limit, redis.call('ZCARD', K_LEASES), redis.call('ZCARD', K_QUEUE), stamp}
   for _, v in ipairs({...}) do out[#out + 1] = v end
   return out
 end
 """
 
-# ARGV[6] id, ARGV[7] max_queue (-1: unbounded).
-# Answers {0 queued | 1 admitted | 2 shed, limit, held, queued}. Idempotent per id.
+# ARGV[6] max_queue (-1: unbounded), ARGV[7...] waiter ids in this process's arrival order.
+# Each is admitted at once if nobody queues and a slot is free, shed if max_queue already
+# wait, else queued with the next ticket. Answers {0, limit, held, queued, stamp, statuses}:
+# a status per id, 0 queued, 1 admitted, 2 shed. Idempotent per id.
 ACQUIRE: Final = (
     _PRELUDE
     + """
 reap()
 local limit = current_limit()
-local id = ARGV[6]
-if redis.call('ZSCORE', K_LEASES, id) then return answer(1, limit) end
-if redis.call('ZSCORE', K_WEXP, id) then return answer(0, limit) end
 grant(limit)
-local queued = redis.call('ZCARD', K_QUEUE)
-if queued == 0 and redis.call('EXISTS', K_GRACE) == 0
-    and redis.call('ZCARD', K_LEASES) < limit then
-  redis.call('ZADD', K_LEASES, now + TTL, id)
-  return answer(1, limit)
+local max_queue = tonumber(ARGV[6])
+local grace = redis.call('EXISTS', K_GRACE) == 1
+local statuses = {}
+for i = 7, #ARGV do
+  local id = ARGV[i]
+  local status = 0
+  if redis.call('ZSCORE', K_LEASES, id) then
+    status = 1
+  elseif not redis.call('ZSCORE', K_WEXP, id) then
+    local queued = redis.call('ZCARD', K_QUEUE)
+    if queued == 0 and not grace and redis.call('ZCARD', K_LEASES) < limit then
+      redis.call('ZADD', K_LEASES, now + TTL, id)
+      status = 1
+    elseif max_queue >= 0 and queued >= max_queue then
+      status = 2
+    else
+      redis.call('ZADD', K_QUEUE, redis.call('INCR', K_SEQ), id)
+      redis.call('ZADD', K_WEXP, now + TTL, id)
+    end
+  end
+  statuses[#statuses + 1] = status
 end
-local max_queue = tonumber(ARGV[7])
-if max_queue >= 0 and queued >= max_queue then return answer(2, limit) end
-redis.call('ZADD', K_QUEUE, redis.call('INCR', K_SEQ), id)
-redis.call('ZADD', K_WEXP, now + TTL, id)
-return answer(0, limit)
+return answer(0, limit, statuses)
 """
 )
 
 # ARGV[6...] ids: leases given back, waiters that left, anything to drop. Frees their slots
-# to the oldest waiters. Answers {0, limit, held, queued}. Idempotent.
+# to the oldest waiters. Answers {0, limit, held, queued, stamp}. Idempotent.
 REMOVE: Final = (
     _PRELUDE
     + """
@@ -144,7 +154,8 @@ return answer(0, limit)
 # then m queued waiter ids (count first), then ids to drop (the rest).
 # Held leases are renewed (re-registered if Redis lost them: the work is still running);
 # queued waiters are renewed, reported if they were handed a slot, re-queued at the back if
-# Redis lost them. Answers {0, limit, held, queued, granted ids, re-registered, re-queued}.
+# Redis lost them. Answers {0, limit, held, queued, stamp, granted ids, re-registered ids,
+# re-queued ids}.
 SYNC: Final = (
     _PRELUDE
     + """
@@ -185,7 +196,7 @@ return answer(0, limit, granted, reclaimed, requeued)
 # ARGV[6] size, ARGV[7] "resize" (set it) or "configure" (a process starts: set it only if
 # its configured size is new, so a restart keeps a runtime resize but a changed configuration
 # rolls out). Growing hands the new slots to the oldest waiters at once; shrinking revokes
-# nothing. Answers {0, limit, held, queued}.
+# nothing. Answers {0, limit, held, queued, stamp}.
 CONFIGURE: Final = (
     _PRELUDE
     + """
