@@ -37,6 +37,7 @@ _RECHECK_SECONDS: Final = 1.0  # the longest a lost notification can delay a wai
 _PROBE_SECONDS: Final = 0.25  # how often an unreachable Redis is tried again
 _CLOSE_SECONDS: Final = 2.0  # how long close() waits for in-flight Redis calls
 _BATCH: Final = 256  # waiters registered in one script call
+_EXPIRY_MARGIN: Final = 0.005  # re-check this long after a lease is due to expire
 
 
 class LimitUnavailableError(Exception):
@@ -132,6 +133,7 @@ class SharedLimit:
         self._global_held = 0
         self._global_queued = 0
         self._stamp = 0  # Redis's clock (µs) of the newest answer seen
+        self._next_expiry = math.inf  # (monotonic) when the next lease expires, as last seen
         # this process's share
         self._held: dict[str, None] = {}  # lease ids held here, in the order taken
         self._waiting: dict[asyncio.Future[Admission], _Waiter] = {}
@@ -596,6 +598,10 @@ class SharedLimit:
         if stamp >= self._stamp or stamp < self._stamp - 1_000_000:  # (a clock stepped back)
             self._stamp = stamp
             self._limit, self._global_held, self._global_queued = (int(v) for v in reply[1:4])
+            expiry = int(reply[5])
+            self._next_expiry = (
+                time.monotonic() + expiry / 1000 + _EXPIRY_MARGIN if expiry >= 0 else math.inf
+            )
         if self._down:
             self._down = False
             self._sync_now = True
@@ -664,7 +670,7 @@ class SharedLimit:
                 if self._current(waiter):
                     self._unsent_unreachable(waiter)
             return
-        for waiter, status in zip(waiters, reply[5], strict=True):
+        for waiter, status in zip(waiters, reply[6], strict=True):
             self._registered(waiter, int(status))
 
     def _unsent_unreachable(self, waiter: _Waiter) -> None:
@@ -744,7 +750,7 @@ class SharedLimit:
             if deferred:
                 self._spawn(self._remove_now(deferred))
         self._dropping.difference_update(drops)
-        granted, reclaimed, requeued = reply[5], reply[6], reply[7]
+        granted, reclaimed, requeued = reply[6], reply[7], reply[8]
         for lease in granted:
             self._granted(lease)
         if reclaimed or requeued:
@@ -757,8 +763,9 @@ class SharedLimit:
             )
 
     async def _heartbeat(self) -> None:
-        """The one heartbeat of this limit in this process: every `lease_seconds / 3`, every
-        second while waiters queue (the re-check), every 0.25 s while Redis is away."""
+        """The one heartbeat of this limit in this process: every `lease_seconds / 3`; while
+        waiters queue also every second (the re-check) and when a lease is due to expire;
+        every 0.25 s while Redis is away."""
         period = self._lease_seconds / 3
         last = -math.inf
         while not self._closed:  # (a cancel swallowed inside a client call ends it too)
@@ -766,8 +773,8 @@ class SharedLimit:
                 now = time.monotonic()
                 if self._down or self._sync_now:
                     due = True
-                elif self._ids:
-                    due = now - last >= min(period, _RECHECK_SECONDS)
+                elif self._ids:  # waiters: re-check every second, and when a lease expires
+                    due = now - last >= min(period, _RECHECK_SECONDS) or now >= self._next_expiry
                 else:
                     due = now - last >= period
                 if due:
@@ -779,6 +786,8 @@ class SharedLimit:
             except Exception:  # the heartbeat must outlive anything
                 _log.exception("gym_concurrency: %s: heartbeat failed", self._describe())
             step = _PROBE_SECONDS if self._down else min(period, _RECHECK_SECONDS) / 4
+            if self._ids:
+                step = max(0.0, min(step, self._next_expiry - time.monotonic()))
             await asyncio.sleep(step)
 
     async def _mailbox(self) -> None:

@@ -21,7 +21,8 @@ process part names the mailbox to notify. Every script takes the same first five
 mailbox prefix, lease milliseconds, the limit as last seen (restored if the key is gone),
 "1" if this process has seen the state before (so a missing `limit` means Redis lost it), and
 the grace milliseconds. Every script answers `{status, limit, leases held, waiters queued,
-stamp, ...}`, the stamp being Redis's clock in microseconds.
+stamp, expiry, ...}`: Redis's clock in microseconds, and milliseconds until the next lease
+expires.
 """
 
 from __future__ import annotations
@@ -91,11 +92,17 @@ local function remove(id)
   redis.call('ZREM', K_LEASES, id)
 end
 
--- {head, limit, held, queued, stamp, ...}: the stamp (server microseconds; scripts run one
--- at a time) lets a client ignore an older answer that reaches it after a newer one.
+-- {head, limit, held, queued, stamp, expiry, ...}: the stamp (server microseconds; scripts
+-- run one at a time) lets a client ignore an older answer that reaches it after a newer one;
+-- expiry is the milliseconds until the next lease expires (-1: none), when a process with
+-- waiters checks again (a dead holder's slot passes on as soon as its lease is gone).
 local function answer(head, limit, ...)
   local stamp = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local out = {head, limit, redis.call('ZCARD', K_LEASES), redis.call('ZCARD', K_QUEUE), stamp}
+  local first = redis.call('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')
+  local expiry = -1
+  if #first == 2 then expiry = math.max(0, tonumber(first[2]) - now) end
+  local out = {head, limit, redis.call('ZCARD', K_LEASES), redis.call('ZCARD', K_QUEUE), stamp,
+               expiry}
   for _, v in ipairs({...}) do out[#out + 1] = v end
   return out
 end
@@ -103,7 +110,8 @@ end
 
 # ARGV[6] max_queue (-1: unbounded), ARGV[7...] waiter ids in this process's arrival order.
 # Each is admitted at once if nobody queues and a slot is free, shed if max_queue already
-# wait, else queued with the next ticket. Answers {0, limit, held, queued, stamp, statuses}:
+# wait, else queued with the next ticket. Answers {0, limit, held, queued, stamp, expiry,
+# statuses}:
 # a status per id, 0 queued, 1 admitted, 2 shed. Idempotent per id.
 ACQUIRE: Final = (
     _PRELUDE
@@ -138,7 +146,7 @@ return answer(0, limit, statuses)
 )
 
 # ARGV[6...] ids: leases given back, waiters that left, anything to drop. Frees their slots
-# to the oldest waiters. Answers {0, limit, held, queued, stamp}. Idempotent.
+# to the oldest waiters. Answers {0, limit, held, queued, stamp, expiry}. Idempotent.
 REMOVE: Final = (
     _PRELUDE
     + """
@@ -154,7 +162,7 @@ return answer(0, limit)
 # then m queued waiter ids (count first), then ids to drop (the rest).
 # Held leases are renewed (re-registered if Redis lost them: the work is still running);
 # queued waiters are renewed, reported if they were handed a slot, re-queued at the back if
-# Redis lost them. Answers {0, limit, held, queued, stamp, granted ids, re-registered ids,
+# Redis lost them. Answers {0, limit, held, queued, stamp, expiry, granted ids, re-registered ids,
 # re-queued ids}.
 SYNC: Final = (
     _PRELUDE
@@ -196,7 +204,7 @@ return answer(0, limit, granted, reclaimed, requeued)
 # ARGV[6] size, ARGV[7] "resize" (set it) or "configure" (a process starts: set it only if
 # its configured size is new, so a restart keeps a runtime resize but a changed configuration
 # rolls out). Growing hands the new slots to the oldest waiters at once; shrinking revokes
-# nothing. Answers {0, limit, held, queued, stamp}.
+# nothing. Answers {0, limit, held, queued, stamp, expiry}.
 CONFIGURE: Final = (
     _PRELUDE
     + """

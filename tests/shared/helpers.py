@@ -64,9 +64,9 @@ def held_ids(*limits: SharedLimit) -> set[str]:
     return {lease for limit in limits for lease in limit._held}
 
 
-async def settle(*limits: SharedLimit, timeout: float = 3.0) -> None:
+async def settle(*limits: SharedLimit, within: float = 3.0) -> None:
     """Wait until no Redis call of these limits is in flight (notifications delivered)."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within
     while any(limit._background for limit in limits):
         assert time.monotonic() < deadline, "Redis calls still in flight"
         await asyncio.sleep(0.005)
@@ -74,13 +74,13 @@ async def settle(*limits: SharedLimit, timeout: float = 3.0) -> None:
 
 
 async def wait_for(
-    condition: Callable[[], bool], timeout: float, what: str = "condition"
+    condition: Callable[[], bool], within: float, what: str = "condition"
 ) -> float:
     """Wait until `condition()` holds; the seconds it took."""
     started = time.monotonic()
     while not condition():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"{what} not reached within {timeout} s")
+        if time.monotonic() - started > within:
+            raise AssertionError(f"{what} not reached within {within} s")
         await asyncio.sleep(0.01)
     return time.monotonic() - started
 

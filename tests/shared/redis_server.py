@@ -3,6 +3,7 @@ persistence. It can be paused (SIGSTOP), resumed, and restarted on the same port
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -87,10 +88,8 @@ class RedisServer:
         if self.process is None:
             return
         process = self.process
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
         process.terminate()
         try:
             process.wait(10)

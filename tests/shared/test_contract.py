@@ -82,7 +82,7 @@ def test_resize_to_a_bad_size_fails_naming_it() -> None:
 
 def test_the_core_imports_no_redis_until_a_shared_limit_connects() -> None:
     script = textwrap.dedent(
-        f"""
+        """
         import asyncio, sys
         import gym_concurrency
         from gym_concurrency.shared_limit import SharedLimit
@@ -113,7 +113,8 @@ async def test_an_uncontended_admission_holds_one_lease_and_release_removes_it(
     assert limit.scope == "global"
     assert await limit.enqueue() == "admitted"
     assert (limit.limit, limit.active, limit.available, limit.queue_depth) == (3, 1, 2, 0)
-    assert leases(client, limit) == held_ids(limit) and len(held_ids(limit)) == 1
+    assert leases(client, limit) == held_ids(limit)
+    assert len(held_ids(limit)) == 1
     limit.release()
     assert limit.active == 0
     await settle(limit)
@@ -153,7 +154,8 @@ async def test_never_more_than_the_limit_and_fifo_across_processes(
     for holder in releases[9:]:
         holder.release()
     await settle(*procs)
-    assert leases(client, procs[0]) == set() and queued(client, procs[0]) == []
+    assert leases(client, procs[0]) == set()
+    assert queued(client, procs[0]) == []
 
 
 async def test_max_queue_is_the_global_queue_and_shed_counts_where_it_happened(
@@ -230,7 +232,8 @@ async def test_leaving_counts_once_and_a_slot_granted_at_that_moment_passes_on(
     b.release()
     assert await admitted_then_left == "admitted"
     a.leave(admitted_then_left)
-    assert a.admission_cancelled == 2 and a.active == 0
+    assert a.admission_cancelled == 2
+    assert a.active == 0
     assert await last == "admitted"
     b.release()
     await settle(a, b)
@@ -250,7 +253,8 @@ async def test_a_task_cancelled_while_acquiring_counts_once_and_leaves_the_queue
     with pytest.raises(asyncio.CancelledError):
         await task
     await settle(holder, waiting)
-    assert waiting.admission_cancelled == 1 and waiting.queue_depth == 0
+    assert waiting.admission_cancelled == 1
+    assert waiting.queue_depth == 0
     assert queued(client, holder) == []
     holder.release()
     await settle(holder, waiting)
@@ -268,7 +272,8 @@ async def test_release_removes_exactly_its_own_lease(
     mine, theirs = held_ids(a), held_ids(b)
     a.release()
     await settle(a, b)
-    assert leases(client, a) == theirs and not mine & leases(client, a)
+    assert leases(client, a) == theirs
+    assert not mine & leases(client, a)
     with pytest.raises(ValueError, match="no slot held"):
         a.release()  # another process's slots are not this one's to give back
     b.release()
@@ -288,13 +293,15 @@ async def test_resize_is_global_grows_fifo_at_once_and_shrinking_revokes_nothing
     await settle(a, b)
     a.resize(3)  # two new slots: the two oldest waiters, at once
     await wait_for(lambda: first.done() and second.done(), 1.0, "the grown slots handed out")
-    assert order == ["first", "second"] and not third.done()
+    assert order == ["first", "second"]
+    assert not third.done()
     assert client.get(a.redis_keys["limit"]) == "3"
     # Every process sees it at its next answer from Redis, at the latest its heartbeat.
     await wait_for(lambda: b.limit == 3, b.lease_seconds / 3 + 0.5, "b seeing the new size")
     a.resize(1)  # three held: none revoked, none free
     await settle(a, b)
-    assert a.active + b.active == 3 and a.available == 0
+    assert a.active + b.active == 3
+    assert a.available == 0
     assert len(leases(client, a)) == 3
     b.release()
     a.release()
@@ -322,10 +329,12 @@ async def test_a_configured_size_rolls_out_but_a_restart_keeps_a_resize(
     await settle(a)
     again = limits(4)  # a process restarts with the same configuration
     assert await again.connect()
-    assert again.limit == 6 and client.get(a.redis_keys["limit"]) == "6"
+    assert again.limit == 6
+    assert client.get(a.redis_keys["limit"]) == "6"
     changed = limits(8)  # a new configuration rolls out
     assert await changed.connect()
-    assert changed.limit == 8 and client.get(a.redis_keys["limit"]) == "8"
+    assert changed.limit == 8
+    assert client.get(a.redis_keys["limit"]) == "8"
 
 
 async def test_a_lost_notification_delays_a_waiter_at_most_about_a_second(
@@ -363,9 +372,10 @@ async def test_a_dead_process_loses_its_leases_and_waiters_within_lease_seconds(
     results = await asyncio.wait_for(asyncio.gather(*mine), 5)
     took = time.monotonic() - started
     assert results == ["admitted", "admitted"]
-    assert took <= alive.lease_seconds + 0.5, took
+    assert took <= alive.lease_seconds + 0.1, took  # handed on as the leases expire
     await settle(alive)
-    assert leases(client, alive) == held_ids(alive) and queued(client, alive) == []
+    assert leases(client, alive) == held_ids(alive)
+    assert queued(client, alive) == []
     assert alive.admission_cancelled == alive.admission_timeouts == 0
     alive.release()
     alive.release()
@@ -402,7 +412,8 @@ async def test_the_observer_reports_a_global_limit_with_its_scope_and_no_redis_c
     )
     local = MeteredSemaphore(2, component="obs_shared", limit_name="local", max_queue=1)
     try:
-        assert shared in registered_limits() and shared in registered_semaphores()
+        assert shared in registered_limits()
+        assert local in registered_semaphores()
         assert other not in registered_limits()  # no component: not reported
         assert await shared.enqueue() == "admitted"
         assert await other.enqueue() == "admitted"
@@ -451,7 +462,8 @@ async def test_close_ends_waiters_unavailable_and_removes_its_leases_and_waiters
     behind = other.enqueue()
     await settle(closing, other)
     await closing.close()
-    assert await waiting == "unavailable" and closing.admission_unavailable == 1
+    assert await waiting == "unavailable"
+    assert closing.admission_unavailable == 1
     assert await behind == "admitted"  # its slot passed on at once, not after the lease
     assert leases(client, other) == held_ids(other)
     assert closing._tasks == []
@@ -466,7 +478,8 @@ async def test_acquire_and_async_with_hold_a_slot_like_a_semaphore(
     client = redis_server.client()
     a, b = limits(1), limits(1)
     async with a:
-        assert a.active == 1 and a.locked()
+        assert a.active == 1
+        assert a.locked()
         assert len(leases(client, a)) == 1
     await settle(a)
     assert await b.acquire() is True
