@@ -25,7 +25,8 @@ _log = logging.getLogger("gym_concurrency.middleware")
 
 
 class ConcurrencyConfigError(RuntimeError):
-    """The settings do not fit the app: a configured path, method or operation name is missing."""
+    """The settings are invalid (e.g. from the environment), or do not fit the app: a configured
+    path, method or operation name is missing."""
 
 
 class ConcurrencyLimitMiddleware:
@@ -43,7 +44,18 @@ class ConcurrencyLimitMiddleware:
         meter_provider: MeterProvider | None = None,
     ) -> None:
         self.app = app
-        self.settings = settings if settings is not None else ConcurrencySettings()
+        self._config_error: str | None = None
+        if settings is None:
+            try:
+                settings = ConcurrencySettings()  # from the environment
+            except ValueError as error:  # pydantic's ValidationError, pydantic-settings' own
+                # Starlette builds middleware on the app's first call (the lifespan one): an
+                # error raised here would read as "lifespan unsupported", then a 500 on every
+                # route. Kept, it fails the start instead (or answers "misconfigured").
+                self._config_error = f"gym_concurrency: invalid settings: {error}"
+                _log.error("%s", self._config_error)
+                settings = ConcurrencySettings.model_construct()  # defaults, no limits: unused
+        self.settings = settings
         self.limits = ConcurrencyLimits(self.settings, meter_provider)
         self._recorder = QueueWaitRecorder(meter_provider)
         self._queued = QueuedAdmission(
@@ -54,7 +66,6 @@ class ConcurrencyLimitMiddleware:
             refusal_body_seconds=self.settings.refusal_body_timeout_seconds,
         )
         self._table: RouteTable[LimitedRoute] | None = None
-        self._config_error: str | None = None
         self._operations = bool(self.limits.operations)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -98,11 +109,12 @@ class ConcurrencyLimitMiddleware:
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = await receive()
-        if message["type"] == "lifespan.startup" and self._build(scope) is None:
+        if message["type"] == "lifespan.startup" and self._config_error is not None:
             await send({"type": "lifespan.startup.failed", "message": self._config_error})
             # Raise after reporting, as Starlette's router does: servers expect the app to end.
             raise ConcurrencyConfigError(self._config_error)
         replayed = False
+        failed = False
 
         async def receive_again() -> Message:
             nonlocal replayed
@@ -111,7 +123,21 @@ class ConcurrencyLimitMiddleware:
                 return message
             return await receive()
 
-        await self.app(scope, receive_again, send)
+        async def send_checked(reply: Message) -> None:
+            # The table is built once the app's own startup is done, so that routes it adds
+            # there count; if the settings do not fit, the server hears "failed" instead.
+            nonlocal failed
+            if failed:
+                return  # the app reporting our error back: the server already has it
+            if reply["type"] == "lifespan.startup.complete" and self._build(scope) is None:
+                failed = True
+                await send({"type": "lifespan.startup.failed", "message": self._config_error})
+                raise ConcurrencyConfigError(self._config_error)  # into the app's startup
+            await send(reply)
+
+        await self.app(scope, receive_again, send_checked)
+        if failed:  # the app swallowed the error
+            raise ConcurrencyConfigError(self._config_error)
 
     def _build(self, scope: Scope) -> RouteTable[LimitedRoute] | None:
         """Compile the route table from the app and check operation names, once; None (with
@@ -136,7 +162,13 @@ class ConcurrencyLimitMiddleware:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1011, "reason": "misconfigured"})
             return
-        body = (self._config_error or "").encode()
+        # Only that it is misconfigured: the details (the invalid field, the app's routes) are
+        # in the log, not for any client to read.
+        body = (
+            b"gym_concurrency: this server is misconfigured (its concurrency limits do not fit "
+            b"the app or are invalid) and refuses every request until that is fixed; the "
+            b"server's log (logger gym_concurrency.middleware) says what is wrong.\n"
+        )
         headers = [
             (b"content-type", b"text/plain; charset=utf-8"),
             (b"content-length", str(len(body)).encode()),
