@@ -198,8 +198,26 @@ def connections_for(config: str, connections: list[int]) -> list[int]:
     return connections
 
 
+def measure_cell(args: argparse.Namespace, server: Server, connections: int,
+                 deadline: float) -> dict[str, Any]:
+    """One cell; measured again (up to --retries times, while within the time budget) when
+    other processes took more than --max-other cores meanwhile. Keeps the quietest try."""
+    tries = []
+    for attempt in range(1 + args.retries):
+        if attempt:
+            time.sleep(1.0)
+        tries.append(loadgen(args.python, server.port, connections, args.warmup, args.seconds,
+                             server.process.pid))
+        if tries[-1].get("other_cpu", 0.0) <= args.max_other or time.monotonic() > deadline:
+            break
+    best = min(tries, key=lambda t: t.get("other_cpu", 0.0))
+    best["tries_other_cpu"] = [round(t.get("other_cpu", 0.0), 2) for t in tries]
+    return best
+
+
 def run_rounds(args: argparse.Namespace, pairs: list[tuple[str, str]], source: Path,
                workdir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict]:
+    deadline = time.monotonic() + args.budget
     cells: list[dict[str, Any]] = []
     rounds: list[dict[str, Any]] = []
     server_info: dict[str, Any] = {}
@@ -218,8 +236,7 @@ def run_rounds(args: argparse.Namespace, pairs: list[tuple[str, str]], source: P
                 if not server_info:
                     server_info = json.loads(info.read_text())
                 for connections in connections_for(config, args.connections):
-                    result = loadgen(args.python, server.port, connections, args.warmup,
-                                     args.seconds, server.process.pid)
+                    result = measure_cell(args, server, connections, deadline)
                     cells.append({"round": index, "group": group, "config": config, **result})
                     kinds = ", ".join(f"{k} {v['per_second']:.0f}/s"
                                       for k, v in result["kinds"].items())
@@ -227,7 +244,9 @@ def run_rounds(args: argparse.Namespace, pairs: list[tuple[str, str]], source: P
                           f"goodput {result['goodput']:7.0f}/s  [{kinds}]  "
                           f"cpu: server {result.get('server_cpu', 0):.2f} "
                           f"client {result['loadgen_cpu']:.2f} "
-                          f"other {result.get('other_cpu', 0):.2f}", flush=True)
+                          f"other {result.get('other_cpu', 0):.2f}"
+                          + (f" (tries: {result['tries_other_cpu']})"
+                             if len(result["tries_other_cpu"]) > 1 else ""), flush=True)
                     time.sleep(args.settle)
             finally:
                 server.stop()
@@ -400,6 +419,11 @@ def main() -> None:
     parser.add_argument("--configs", default=",".join(PLAIN_CONFIGS),
                         help="comma-separated subset of: " + ", ".join(PLAIN_CONFIGS))
     parser.add_argument("--sdk-configs", default=",".join(SDK_CONFIGS))
+    parser.add_argument("--max-other", type=float, default=0.35,
+                        help="measure a cell again if other processes used more cores")
+    parser.add_argument("--retries", type=int, default=2,
+                        help="at most this many extra tries of a noisy cell, while the run is "
+                        "within 1.2x its estimated time")
     parser.add_argument("--no-sdk", dest="sdk", action="store_false")
     parser.add_argument("--no-close", dest="close", action="store_false",
                         help="skip the Connection: close variants even if the setting exists")
@@ -425,8 +449,10 @@ def main() -> None:
     n_cells = sum(len(connections_for(c, args.connections)) for _, c in pairs)
     estimate = args.rounds * (n_cells * (args.warmup + args.seconds + args.settle + 0.4)
                               + len(pairs) * 2.5)
+    args.budget = 1.2 * estimate
     print(f"source {source}; {len(pairs)} servers x {args.rounds} rounds, {n_cells} cells a "
-          f"round; about {estimate / 60:.1f} min", flush=True)
+          f"round; about {estimate / 60:.1f} min (at most {args.budget / 60:.1f} min with "
+          "retries of noisy cells)", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     workdir = Path("/tmp/gym_concurrency_overload")
     workdir.mkdir(exist_ok=True)
@@ -448,7 +474,7 @@ def main() -> None:
         "offers": offers,
         "settings": {k: getattr(args, k) for k in ("rounds", "seconds", "warmup", "settle",
                                                    "connections", "configs", "sdk_configs",
-                                                   "wait_quiet")},
+                                                   "wait_quiet", "max_other", "retries")},
         "pinning": {"server_cpu": SERVER_CPU, "client_cpu": CLIENT_CPU,
                     "taskset": bool(pinned("0", [])), "sdk_export_interval_s": 1.0},
         "rounds": rounds,
@@ -469,7 +495,8 @@ def main() -> None:
                    "--json", str(path.with_name(f"queued-inprocess-{args.label}.json"))]
         if args.quick:
             command.append("--quick")
-        print("\nin process:", flush=True)
+        busy = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
+        print(f"\nin process ({busy} cores busy just before):", flush=True)
         subprocess.run(pinned(SERVER_CPU, command), cwd=PROJECT_ROOT, check=True)
 
 
