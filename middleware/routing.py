@@ -67,15 +67,6 @@ class _Entry(Generic[T]):
     def limited(self) -> bool:
         return bool(self.by_method) or self.any_method is not None
 
-    def matches(self, scope_type: str, scope: Scope, route_path: str) -> Match:
-        if self.opaque is not None:
-            return self.opaque.matches(scope)[0]
-        if scope_type not in self.scope_types or not self.regex.match(route_path):
-            return Match.NONE
-        if scope_type == "http" and self.methods and scope["method"] not in self.methods:
-            return Match.PARTIAL
-        return Match.FULL
-
     def limit_for(self, scope_type: str, scope: Scope) -> T | None:
         if scope_type == "http" and self.by_method:
             found = self.by_method.get(scope["method"])
@@ -99,6 +90,18 @@ class RouteTable(Generic[T]):
         self._candidates = (
             re.compile("|".join(f"(?:{_NAMED_GROUP.sub('(?:', p)})" for p in limited))
             if limited
+            else None
+        )
+        # One match finds the first route whose path matches (alternatives are tried in router
+        # order): the walk starts there instead of trying every route's pattern in turn.
+        self._first = (
+            re.compile(
+                "|".join(
+                    f"(?P<_{i}>{_NAMED_GROUP.sub('(?:', e.regex.pattern)})"
+                    for i, e in enumerate(self._entries)
+                )
+            )
+            if limited and self._cacheable
             else None
         )
         self._cache: dict[tuple[str, str | None, str, str | None], object] = {}
@@ -140,11 +143,27 @@ class RouteTable(Generic[T]):
         assert self._candidates is not None
         if not self._candidates.match(route_path):
             return None  # no limited route can match: skip the walk
-        return self._walk(scope["type"], scope, route_path)
+        start = 0
+        if self._first is not None:
+            first = self._first.match(route_path)
+            if first is None or first.lastgroup is None:  # pragma: no cover - a limited one did
+                return None
+            start = int(first.lastgroup[1:])
+        return self._walk(scope["type"], scope, route_path, start)
 
-    def _walk(self, scope_type: str, scope: Scope, route_path: str) -> T | None:
-        for entry in self._entries:
-            if entry.matches(scope_type, scope, route_path) is Match.FULL:
+    def _walk(self, scope_type: str, scope: Scope, route_path: str, start: int = 0) -> T | None:
+        entries = self._entries
+        for index in range(start, len(entries)):
+            entry = entries[index]
+            if entry.opaque is not None:
+                if entry.opaque.matches(scope)[0] is Match.FULL:
+                    return entry.limit_for(scope_type, scope)
+            elif (
+                scope_type in entry.scope_types
+                and entry.regex.match(route_path)
+                # A method mismatch is a partial match: the router looks on (then answers 405).
+                and (scope_type != "http" or not entry.methods or scope["method"] in entry.methods)
+            ):
                 return entry.limit_for(scope_type, scope)
         return None
 
