@@ -140,3 +140,23 @@ def test_the_middleware_keeps_no_memory_for_unconfigured_traffic(component: str)
         loop.close()
     print(f"middleware, 404 paths: +{grown / 1024:.1f} KiB after {PATHS} distinct paths")
     assert grown < FLAT_BYTES, f"+{grown / 1024:.0f} KiB after {PATHS} paths"
+
+
+def test_uncached_paths_resolve_in_router_order():
+    app = FastAPI()
+
+    async def endpoint() -> dict[str, bool]:
+        return {"ok": True}
+
+    app.add_api_route("/items/special", endpoint, methods=["POST"])  # shadows the template
+    app.add_api_route("/items/{item_id}", endpoint, methods=["GET"])  # 405 for POST: look on
+    app.add_api_route("/items/{item_id}", endpoint, methods=["POST", "PUT"])
+    limits = [RouteLimit(path="/items/{item_id}", limit_name="items", max_concurrent=1)]
+    routes = RouteTable.compile(app, [(limit, limit.limit_name) for limit in limits])
+    for _ in range(2):
+        assert routes.resolve(http("/items/special", "POST")) is None
+        assert routes.resolve(http("/items/special", "GET")) == "items"
+        assert routes.resolve(http("/items/7", "POST")) == "items"
+        assert routes.resolve(http("/items/7", "PUT")) == "items"
+        assert routes.resolve(http("/items/7", "DELETE")) is None  # a 405: not limited
+        assert routes.resolve(http("/items/7/more", "POST")) is None
