@@ -17,14 +17,14 @@ import asyncio
 import json
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencySettings, RouteLimit
 from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.gzip import GZipMiddleware
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Scope
 
 from gym_concurrency import MeteredSemaphore
 from tests.registry import limits_of
@@ -38,6 +38,8 @@ __all__ = [
     "slot_of",
     "steps",
     "unique_component",
+    "until",
+    "warm_up",
 ]
 
 LIMIT_NAME = "episodes"
@@ -79,6 +81,12 @@ def slot_of(component: str) -> MeteredSemaphore:
 async def steps(n: int) -> None:
     """Let the event loop run `n` steps."""
     for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Let the loop run, one step at a time, until `condition()` (checked between steps)."""
+    while not condition():  # noqa: ASYNC110 - a step-exact poll is the point
         await asyncio.sleep(0)
 
 
@@ -269,9 +277,9 @@ class Connection:
         return json.loads(self.response_body)
 
 
-async def warm_up(app: ASGIApp) -> None:
+async def warm_up(app: ASGIApp, body: bytes = b"{}") -> None:
     """One request with the slot free, so the middleware has built its route table."""
-    connection = Connection(b"{}")
+    connection = Connection(body)
     connection.deliver_body()
     task = connection.run(app)
     await asyncio.wait_for(connection.complete.wait(), 5)
@@ -279,6 +287,3 @@ async def warm_up(app: ASGIApp) -> None:
     await task
     assert connection.status == 200, connection.sent
 
-
-Runner = Callable[[ASGIApp], Awaitable[None]]
-_ = (Receive, Send)  # re-exported types for the tests' annotations
