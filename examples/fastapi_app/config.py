@@ -3,18 +3,12 @@ overridden by GYM_CONCURRENCY_* environment variables)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
 from gym_concurrency.middleware import ConcurrencySettings
 from pydantic import Field
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    YamlConfigSettingsSource,
-)
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_SETTINGS_FILE = Path(__file__).with_name("settings.yaml")
 
@@ -36,23 +30,8 @@ class DemoConfig(BaseSettings):
 
 
 def load_concurrency_settings(path: Path) -> ConcurrencySettings:
-    """The limits in the YAML file at `path`, with GYM_CONCURRENCY_* variables taking precedence."""
+    """The limits in the YAML file at `path`, with GYM_CONCURRENCY_* variables taking precedence
+    (the library's one rule: code, then environment, then file, then defaults)."""
     if not path.is_file():
         raise FileNotFoundError(f"DEMO_SETTINGS_FILE: no settings file at {path}")
-
-    class FileThenEnvSettings(ConcurrencySettings):
-        model_config = SettingsConfigDict(yaml_file=os.fspath(path))
-
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            # Earlier sources win: the environment overrides the file.
-            return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
-
-    return ConcurrencySettings.model_validate(FileThenEnvSettings().model_dump())
+    return ConcurrencySettings.from_file(path)
