@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
@@ -218,15 +219,17 @@ class Collector(RolloutCollectionHelper):
         """Dispatch `rows` as `RolloutCollectionHelper.run_examples` does (every row's /run
         request in flight at once): the (row, result) pairs in completion order. TimeoutError
         after `within` s, with every request still in flight cancelled."""
+        iterator = iter(self.run_examples(rows, **options))
         before = asyncio.all_tasks()
+        first = next(iterator)  # the first step starts every row's task
+        tasks = asyncio.all_tasks() - before
         results = []
         try:
             async with asyncio.timeout(within):
-                for future in self.run_examples(rows, **options):
+                for future in itertools.chain([first], iterator):
                     results.append(await future)
         finally:
-            leftover = asyncio.all_tasks() - before
-            for task in leftover:
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*leftover, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)  # retrieves every exception
         return results
