@@ -1,0 +1,453 @@
+"""Limits that move: controllers that set a limit from the latency and the overload answers of
+the work it admits, within a floor and a ceiling, and the drain rate behind an automatic
+Retry-After.
+
+A controller is fed one sample per admitted piece of work that finished: when it was admitted,
+when it finished, whether it ended in overload (the app answered 429 / 503 or raised) and how
+many slots were held. Samples are pooled in windows; when a window closes the controller
+decides once, and only from work admitted under the limit then in force (a sample admitted
+before the last change says nothing about the new limit). `AdaptiveLimiter` binds a controller
+to any `Limit` and calls its `resize()`. Everything here is plain arithmetic on numbers the
+caller passes in (times included): no framework, no OpenTelemetry, no clock of its own; the
+observer reports the moving limit like any other.
+
+Guard-rails, both algorithms: the limit stays within [min_limit, max_limit] whatever happens
+(the floor is never undercut, not even to measure); the limit grows only when the window used
+it all (no growth on an idle limit) and only while latency is within `tolerance` of the
+baseline, so a queue standing in front of the limit cannot make it creep upward
+(Netflix concurrency-limits#134); the baseline (the latency of unloaded work) is re-measured
+by a short, bounded step down to `probe_factor` of the limit, never down to the floor, and the
+work that would have been admitted waits in the queue meanwhile rather than being refused
+(envoy#9007, #46602).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Literal, Protocol
+
+__all__ = [
+    "ALGORITHMS",
+    "AdaptiveController",
+    "AdaptiveLimiter",
+    "AimdController",
+    "Algorithm",
+    "DrainRate",
+    "GradientController",
+    "make_controller",
+]
+
+Algorithm = Literal["gradient", "aimd"]
+ALGORITHMS: frozenset[Algorithm] = frozenset({"gradient", "aimd"})
+
+DEFAULT_TOLERANCE = 1.25  # latency up to 1.25x the baseline is not taken as a sign of overload
+DEFAULT_MIN_SAMPLES = 10  # samples in a window, at least (and at least one per slot)
+DEFAULT_PROBE_SECONDS = 10.0  # re-measure the baseline this often (and not more often than
+PROBE_MIN_WINDOWS = 16  # ... every 16 windows), at PROBE_FACTOR of the limit, never below
+DEFAULT_PROBE_FACTOR = 0.75  # the floor
+DEFAULT_AIMD_BACKOFF = 0.9
+FASTER = 0.8  # a window this much faster than the baseline re-bases it at once
+
+
+class Resizable(Protocol):
+    """What a controller drives: any `gym_concurrency.limit.Limit` has it."""
+
+    @property
+    def limit(self) -> int: ...
+    @property
+    def active(self) -> int: ...
+
+    def resize(self, limit: int) -> None: ...
+
+
+class AdaptiveController:
+    """The window machinery both algorithms share: samples in, at most one decision per
+    window out. Subclasses decide in `_decide` (a float estimate, clamped here)."""
+
+    __slots__ = (
+        "_baseline",
+        "_changed_at",
+        "_estimate",
+        "_latencies",
+        "_limit",
+        "_max_inflight",
+        "_min_samples",
+        "_next_probe",
+        "_overloads",
+        "_probe_factor",
+        "_probe_seconds",
+        "_probe_window",
+        "_probing",
+        "_samples",
+        "max_limit",
+        "min_limit",
+        "tolerance",
+        "windows",
+    )
+
+    def __init__(
+        self,
+        min_limit: int,
+        max_limit: int,
+        initial: int | None = None,
+        *,
+        tolerance: float | None = DEFAULT_TOLERANCE,
+        min_samples: int = DEFAULT_MIN_SAMPLES,
+        probe_seconds: float | None = DEFAULT_PROBE_SECONDS,
+        probe_factor: float = DEFAULT_PROBE_FACTOR,
+    ) -> None:
+        if not 1 <= min_limit <= max_limit:
+            raise ValueError(f"need 1 <= min_limit <= max_limit, got {min_limit}, {max_limit}")
+        initial = min_limit if initial is None else initial
+        if not min_limit <= initial <= max_limit:
+            raise ValueError(f"initial limit {initial} is outside [{min_limit}, {max_limit}]")
+        if tolerance is not None and not (tolerance > 1 and math.isfinite(tolerance)):
+            raise ValueError(f"tolerance must be > 1 (a latency ratio), got {tolerance}")
+        if min_samples < 1:
+            raise ValueError(f"min_samples must be >= 1, got {min_samples}")
+        if not 0 < probe_factor < 1:
+            raise ValueError(f"probe_factor must be between 0 and 1, got {probe_factor}")
+        self.min_limit = min_limit
+        self.max_limit = max_limit
+        self.tolerance = tolerance
+        self.windows = 0  # windows closed so far
+        self._min_samples = min_samples
+        self._probe_seconds = probe_seconds
+        self._probe_factor = probe_factor
+        self._limit = initial
+        self._estimate = float(initial)
+        self._baseline: float | None = None
+        self._changed_at = -math.inf  # samples admitted before this say nothing of the limit
+        self._next_probe: float | None = None
+        self._probe_window = 0
+        self._probing: float | None = None  # the estimate to go back to after a probe
+        self._samples = 0
+        self._overloads = 0
+        self._max_inflight = 0
+        self._latencies: list[float] = []
+
+    @property
+    def limit(self) -> int:
+        """The limit the controller wants now."""
+        return self._limit
+
+    @property
+    def baseline(self) -> float | None:
+        """The latency of unloaded work (seconds), once measured."""
+        return self._baseline
+
+    def sample(
+        self, started: float, finished: float, *, overload: bool, inflight: int
+    ) -> int | None:
+        """Record one finished piece of work (times in seconds on one clock; `inflight`: slots
+        held as it finished, itself included). The new limit if it closed a window that moved
+        the limit, else None."""
+        if started < self._changed_at:
+            return None  # admitted under an earlier limit
+        self._samples += 1
+        if overload:
+            self._overloads += 1
+        else:
+            self._latencies.append(finished - started)
+        if inflight > self._max_inflight:
+            self._max_inflight = inflight
+        # A window is at least min_samples and one sample per slot it used (a round trip).
+        if self._samples < self._min_samples or self._samples < self._max_inflight:
+            return None
+        return self._close_window(finished)
+
+    def _reset_window(self) -> None:
+        self._samples = 0
+        self._overloads = 0
+        self._max_inflight = 0
+        self._latencies = []
+
+    def _close_window(self, now: float) -> int | None:
+        self.windows += 1
+        samples, overloads, saturated = self._samples, self._overloads, self._max_inflight
+        latencies = self._latencies
+        self._reset_window()
+        rtt = _median(latencies) if latencies else None
+        if self._probing is not None:  # this window ran at the probe's limit: a fresh baseline
+            estimate = self._probing
+            self._probing = None
+            if rtt is not None and not overloads:
+                self._baseline = rtt
+        else:
+            if rtt is not None and not overloads:
+                baseline = self._baseline
+                # Between probes the baseline moves only for a clearly faster upstream: a
+                # running minimum would ratchet down on noise, and one that drifts up would
+                # follow the latency this limit itself causes (the creep of #134).
+                if baseline is None or rtt < baseline * FASTER:
+                    self._baseline = rtt
+            in_use = saturated >= self._limit
+            estimate = self._decide(self._estimate, rtt, overloads / samples, in_use)
+            estimate = min(float(self.max_limit), max(float(self.min_limit), estimate))
+            if self._should_probe(now, estimate, rtt, overloads):
+                self._probing = estimate
+                estimate = estimate * self._probe_factor
+        return self._apply(estimate, now)
+
+    def _should_probe(
+        self, now: float, estimate: float, rtt: float | None, overloads: int
+    ) -> bool:
+        """Time to re-measure the baseline: `probe_seconds` and PROBE_MIN_WINDOWS windows since
+        the last probe, and this window was healthy (a probe during overload would take
+        overloaded latency for the baseline), or the limit is down at its floor (an upstream
+        slower for everyone: the latency there is the new baseline)."""
+        if self._probe_seconds is None:
+            return False
+        if self._next_probe is None:
+            self._next_probe = now + self._probe_seconds
+            self._probe_window = self.windows + PROBE_MIN_WINDOWS
+            return False
+        if now < self._next_probe or self.windows < self._probe_window:
+            return False
+        if overloads or rtt is None:
+            return False
+        if not self._healthy(rtt) and estimate > self.min_limit:
+            return False  # at the floor it cannot shrink further: measure what latency is there
+        self._next_probe = now + self._probe_seconds
+        self._probe_window = self.windows + PROBE_MIN_WINDOWS
+        return True
+
+    def _healthy(self, rtt: float) -> bool:
+        return self.tolerance is None or self._ratio(rtt) <= self.tolerance
+
+    def _ratio(self, rtt: float) -> float:
+        baseline = self._baseline
+        return rtt / baseline if baseline else 1.0
+
+    def _apply(self, estimate: float, now: float) -> int | None:
+        estimate = min(float(self.max_limit), max(float(self.min_limit), estimate))
+        self._estimate = estimate
+        limit = min(self.max_limit, max(self.min_limit, int(estimate + 0.5)))
+        if limit == self._limit:
+            return None
+        self._limit = limit
+        self._changed_at = now
+        return limit
+
+    def _decide(self, estimate: float, rtt: float | None, overload: float, in_use: bool) -> float:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        baseline = "unknown" if self._baseline is None else f"{self._baseline * 1000:.1f} ms"
+        return (
+            f"<{type(self).__name__} limit={self._limit} in [{self.min_limit}, "
+            f"{self.max_limit}] baseline={baseline}>"
+        )
+
+
+class GradientController(AdaptiveController):
+    """Latency-led: when the window's median latency exceeds `tolerance` times the baseline,
+    shrinks by sqrt(baseline / latency) (halfway, in ratio, to the limit Little's law says
+    would run at the baseline; at most halving); otherwise, when the window used every slot,
+    grows by sqrt(limit) up to where latency last rose and by 1 past it. Overload answers
+    shrink it by their fraction of the window (at most half).
+    """
+
+    __slots__ = ("_ceiling",)
+
+    def __init__(
+        self,
+        min_limit: int,
+        max_limit: int,
+        initial: int | None = None,
+        *,
+        tolerance: float = DEFAULT_TOLERANCE,
+        min_samples: int = DEFAULT_MIN_SAMPLES,
+        probe_seconds: float | None = DEFAULT_PROBE_SECONDS,
+        probe_factor: float = DEFAULT_PROBE_FACTOR,
+    ) -> None:
+        if tolerance is None:
+            raise ValueError("the gradient algorithm needs a latency tolerance")
+        super().__init__(
+            min_limit,
+            max_limit,
+            initial,
+            tolerance=tolerance,
+            min_samples=min_samples,
+            probe_seconds=probe_seconds,
+            probe_factor=probe_factor,
+        )
+        self._ceiling = math.inf  # the estimate at which latency last rose past tolerance
+
+    def _decide(self, estimate: float, rtt: float | None, overload: float, in_use: bool) -> float:
+        if overload:
+            self._ceiling = estimate
+            return estimate * max(0.5, 1.0 - overload)
+        if rtt is None:
+            return estimate
+        ratio = self._ratio(rtt)
+        assert self.tolerance is not None
+        if ratio > self.tolerance:
+            self._ceiling = estimate
+            return estimate * max(0.5, math.sqrt(1.0 / ratio))
+        if not in_use:
+            return estimate  # an idle limit gets no evidence to grow on
+        step = math.sqrt(estimate)
+        if estimate + step > self._ceiling:
+            step = 1.0
+        return estimate + step
+
+
+class AimdController(AdaptiveController):
+    """Additive increase, multiplicative decrease: +1 after a window that used every slot
+    with no overload, times `backoff` after a window with any overload answer, or (with a
+    `tolerance`) whose median latency exceeded `tolerance` times the baseline."""
+
+    __slots__ = ("backoff",)
+
+    def __init__(
+        self,
+        min_limit: int,
+        max_limit: int,
+        initial: int | None = None,
+        *,
+        tolerance: float | None = DEFAULT_TOLERANCE,
+        backoff: float = DEFAULT_AIMD_BACKOFF,
+        min_samples: int = DEFAULT_MIN_SAMPLES,
+        probe_seconds: float | None = DEFAULT_PROBE_SECONDS,
+        probe_factor: float = DEFAULT_PROBE_FACTOR,
+    ) -> None:
+        if not 0 < backoff < 1:
+            raise ValueError(f"backoff must be between 0 and 1, got {backoff}")
+        super().__init__(
+            min_limit,
+            max_limit,
+            initial,
+            tolerance=tolerance,
+            min_samples=min_samples,
+            probe_seconds=probe_seconds if tolerance is not None else None,
+            probe_factor=probe_factor,
+        )
+        self.backoff = backoff
+
+    def _decide(self, estimate: float, rtt: float | None, overload: float, in_use: bool) -> float:
+        if overload or (rtt is not None and not self._healthy(rtt)):
+            return estimate * self.backoff
+        return estimate + 1.0 if in_use else estimate
+
+
+def make_controller(
+    algorithm: Algorithm,
+    min_limit: int,
+    max_limit: int,
+    initial: int | None = None,
+    *,
+    tolerance: float | None = DEFAULT_TOLERANCE,
+    min_samples: int = DEFAULT_MIN_SAMPLES,
+    probe_seconds: float | None = DEFAULT_PROBE_SECONDS,
+) -> AdaptiveController:
+    """The controller for `algorithm` ("gradient" or "aimd"). `tolerance` None: AIMD ignores
+    latency (overload answers only); the gradient algorithm needs one."""
+    if algorithm == "gradient":
+        if tolerance is None:
+            raise ValueError("the gradient algorithm needs a latency tolerance")
+        return GradientController(
+            min_limit,
+            max_limit,
+            initial,
+            tolerance=tolerance,
+            min_samples=min_samples,
+            probe_seconds=probe_seconds,
+        )
+    if algorithm == "aimd":
+        return AimdController(
+            min_limit,
+            max_limit,
+            initial,
+            tolerance=tolerance,
+            min_samples=min_samples,
+            probe_seconds=probe_seconds,
+        )
+    raise ValueError(f"unknown algorithm {algorithm!r}: expected one of aimd, gradient")
+
+
+class AdaptiveLimiter:
+    """A controller driving a limit: `record()` each finished piece of work; the limit is
+    resized when the controller moves it (held slots are never revoked)."""
+
+    __slots__ = ("controller", "limit", "on_change")
+
+    def __init__(
+        self,
+        limit: Resizable,
+        controller: AdaptiveController,
+        on_change: Callable[[int, int], object] | None = None,
+    ) -> None:
+        self.limit = limit
+        self.controller = controller
+        self.on_change = on_change  # (old, new), after the resize
+        if limit.limit != controller.limit:
+            limit.resize(controller.limit)
+
+    def record(self, started: float, finished: float, overload: bool) -> None:
+        """One admitted piece of work finished (its slot still held)."""
+        new = self.controller.sample(
+            started, finished, overload=overload, inflight=self.limit.active
+        )
+        if new is not None:
+            old = self.limit.limit
+            self.limit.resize(new)
+            if self.on_change is not None:
+                self.on_change(old, new)
+
+
+class DrainRate:
+    """How fast a limit gives slots back, in plain numbers: releases counted per whole second
+    of the caller's clock, read as the rate over the last full second and the current one.
+
+    `retry_after(queue_depth, now)`: the whole seconds until a request arriving now would get
+    a slot (the queue ahead of it plus itself, at the measured rate), clamped to [low, high].
+    """
+
+    __slots__ = ("_count", "_previous", "_second", "high", "low")
+
+    def __init__(self, low: int = 1, high: int = 60) -> None:
+        if not 0 <= low <= high:
+            raise ValueError(f"need 0 <= low <= high, got {low}, {high}")
+        self.low = low
+        self.high = high
+        self._second = 0
+        self._count = 0
+        self._previous = 0
+
+    def release(self, now: float) -> None:
+        """Count one release at time `now` (seconds)."""
+        second = int(now)
+        if second != self._second:
+            self._roll(second)
+        self._count += 1
+
+    def _roll(self, second: int) -> None:
+        self._previous = self._count if second == self._second + 1 else 0
+        self._second = second
+        self._count = 0
+
+    def per_second(self, now: float) -> float:
+        """Releases per second over the last full second and the part of this one gone by."""
+        second = int(now)
+        if second != self._second:
+            self._roll(second)
+        span = 1.0 + (now - second)
+        return (self._previous + self._count) / span
+
+    def retry_after(self, queue_depth: int, now: float) -> int:
+        """Seconds until the queue ahead (and this request) would clear, rounded, clamped."""
+        rate = self.per_second(now)
+        if rate <= 0:
+            return self.high
+        seconds = int((queue_depth + 1) / rate + 0.5)
+        return min(self.high, max(self.low, seconds))
+
+
+def _median(values: list[float]) -> float:
+    values.sort()
+    middle = len(values) // 2
+    if len(values) % 2:
+        return values[middle]
+    return (values[middle - 1] + values[middle]) / 2.0
