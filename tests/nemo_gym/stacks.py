@@ -165,9 +165,19 @@ def _fastapi(outer: str) -> FastAPI:
     return FastAPI()
 
 
+def _hold_seconds(body: bytes) -> float:
+    """A request may ask to be held: {"task": {"hold": seconds}}."""
+    try:
+        hold = json.loads(body)["task"]["hold"]
+    except (ValueError, KeyError, TypeError):
+        return 0.0
+    return float(hold) if isinstance(hold, int | float) else 0.0
+
+
 def limited_app(settings: ConcurrencySettings, outer: str = "none") -> tuple[FastAPI, Gate]:
-    """A FastAPI app whose POST /run echoes its body (held while the gate is shut), with our
-    middleware added first (innermost) and `outer` added around it."""
+    """A FastAPI app whose POST /run echoes its body (held while the gate is shut, and for the
+    body's task.hold seconds), with our middleware added first (innermost) and `outer` added
+    around it."""
     gate = Gate()
     app = _fastapi(outer)
 
@@ -178,6 +188,7 @@ def limited_app(settings: ConcurrencySettings, outer: str = "none") -> tuple[Fas
         gate.inside += 1
         try:
             await gate.wait()
+            await asyncio.sleep(_hold_seconds(body))
         finally:
             gate.inside -= 1
         return {"result": {"body": body.decode(errors="replace")}}
