@@ -40,6 +40,7 @@ from pydantic_settings import (
 from gym_concurrency.names import EXECUTORS, OPERATIONS, check_member
 
 __all__ = [
+    "AdaptiveLimit",
     "ConcurrencySettings",
     "EnvironmentSettingsError",
     "FailureProfile",
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 FailureProfile = Literal["problem", "openai", "episode"]
+AdaptiveAlgorithm = Literal["gradient", "aimd"]
 
 _METHOD = re.compile(r"^[A-Z]+$")
 _Name = Annotated[str, Field(min_length=1, max_length=200)]
@@ -139,6 +141,41 @@ class _NumbersAreNumbers(BaseModel):
         return value if kind is None else _number(kind, value, strings)
 
 
+class AdaptiveLimit(_NumbersAreNumbers):
+    """A route limit that moves (docs/adaptive-limits.md): it follows the latency of admitted
+    requests and shrinks on overload answers (`overload_status_codes`) or exceptions from the
+    app, never below `min_concurrent` nor above `max_concurrent`. The route's `max_concurrent`
+    is where it starts. `latency_tolerance`: how many times the unloaded latency is still
+    healthy (None, AIMD only: latency is ignored, overload answers alone move it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_concurrent: int = Field(ge=1)
+    max_concurrent: int = Field(ge=1)
+    algorithm: AdaptiveAlgorithm = "gradient"
+    latency_tolerance: float | None = Field(default=1.25, gt=1, allow_inf_nan=False)
+    overload_status_codes: tuple[int, ...] = (429, 503)
+
+    @field_validator("overload_status_codes")
+    @classmethod
+    def _status_codes(cls, codes: tuple[int, ...]) -> tuple[int, ...]:
+        for code in codes:
+            if not 100 <= code <= 599:
+                raise ValueError(f"{code} is not an HTTP status code")
+        return codes
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.min_concurrent > self.max_concurrent:
+            raise ValueError(
+                f"min_concurrent ({self.min_concurrent}) is above max_concurrent "
+                f"({self.max_concurrent})"
+            )
+        if self.algorithm == "gradient" and self.latency_tolerance is None:
+            raise ValueError("latency_tolerance: the gradient algorithm needs one (e.g. 1.25)")
+        return self
+
+
 class RouteLimit(_NumbersAreNumbers):
     """A concurrency limit on one route (its declared path template), optionally per method.
 
@@ -155,7 +192,30 @@ class RouteLimit(_NumbersAreNumbers):
     queue_timeout_seconds: _Seconds | None = None
     max_queue: int | None = Field(default=None, ge=0)
     failure: FailureProfile = "problem"
-    retry_after_seconds: int | None = Field(default=None, ge=0)
+    # Whole seconds; "auto": how long the queue ahead would take to clear at the measured rate.
+    retry_after_seconds: Annotated[int, Field(ge=0)] | Literal["auto"] | None = None
+    adaptive: AdaptiveLimit | None = None
+
+    @field_validator("retry_after_seconds", mode="before")
+    @classmethod
+    def _auto_or_a_number(cls, value: Any) -> Any:
+        # The one string allowed is "auto"; any other text must spell a decimal number.
+        if isinstance(value, str) and value.strip() != "auto":
+            return _number(int, value, strings=False)
+        return value.strip() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _starts_within_its_adaptive_bounds(self) -> Self:
+        adaptive = self.adaptive
+        if adaptive is not None and not (
+            adaptive.min_concurrent <= self.max_concurrent <= adaptive.max_concurrent
+        ):
+            raise ValueError(
+                f"max_concurrent: an adaptive limit starts at max_concurrent "
+                f"({self.max_concurrent}), which must be within adaptive.min_concurrent.."
+                f"adaptive.max_concurrent ({adaptive.min_concurrent}..{adaptive.max_concurrent})"
+            )
+        return self
 
     @field_validator("path")
     @classmethod
@@ -308,7 +368,7 @@ def _check_shared_route_limits(routes: list[RouteLimit]) -> None:
             first[route.limit_name] = (index, route)
             continue
         first_index, other = first[route.limit_name]
-        for field in ("max_concurrent", "queue_timeout_seconds", "max_queue"):
+        for field in ("max_concurrent", "queue_timeout_seconds", "max_queue", "adaptive"):
             mine, theirs = getattr(route, field), getattr(other, field)
             if mine != theirs:
                 raise ValueError(
