@@ -371,7 +371,7 @@ class AdaptiveLimiter:
     """A controller driving a limit: `record()` each finished piece of work; the limit is
     resized when the controller moves it (held slots are never revoked)."""
 
-    __slots__ = ("controller", "limit", "on_change")
+    __slots__ = ("controller", "limit", "on_change", "stopped")
 
     def __init__(
         self,
@@ -382,11 +382,14 @@ class AdaptiveLimiter:
         self.limit = limit
         self.controller = controller
         self.on_change = on_change  # (old, new), after the resize
+        self.stopped = False
         if limit.limit != controller.limit:
             limit.resize(controller.limit)
 
     def record(self, started: float, finished: float, overload: bool) -> None:
         """One admitted piece of work finished (its slot still held)."""
+        if self.stopped:
+            return
         new = self.controller.sample(
             started, finished, overload=overload, inflight=self.limit.active
         )
@@ -395,6 +398,10 @@ class AdaptiveLimiter:
             self.limit.resize(new)
             if self.on_change is not None:
                 self.on_change(old, new)
+
+    def stop(self) -> None:
+        """Resize the limit no more (another controller, or none, drives it now)."""
+        self.stopped = True
 
 
 class DrainRate:

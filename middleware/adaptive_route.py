@@ -1,0 +1,121 @@
+"""The feedback of one route limit that moves or answers with a computed Retry-After: it runs
+the app for each admitted request, measures it, and tells the limit's controller and drain rate.
+
+Only routes with `adaptive` or `retry_after_seconds="auto"` have one; every other route calls
+the app directly and pays nothing. What is measured, per admitted HTTP request: the time from
+admission (the app is called) to the last body message sent, and whether it ended in overload
+(a status in `overload_status_codes`, or an exception from the app). A request cancelled
+(its client left) is no sample. Websockets count as releases for the drain rate only: a
+connection's lifetime is no latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from time import perf_counter
+from typing import TYPE_CHECKING
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gym_concurrency.adaptive import AdaptiveController, AdaptiveLimiter, DrainRate, make_controller
+from gym_concurrency.limit import Limit
+
+from .settings import RouteLimit
+
+if TYPE_CHECKING:
+    from .queued import QueuedAdmission
+
+__all__ = ["RouteFeedback", "controller_for"]
+
+
+def controller_for(config: RouteLimit, start: int | None = None) -> AdaptiveController:
+    """The controller `config.adaptive` asks for, starting at `start` (default: the route's
+    max_concurrent) clamped to its bounds."""
+    adaptive = config.adaptive
+    assert adaptive is not None
+    initial = config.max_concurrent if start is None else start
+    initial = min(adaptive.max_concurrent, max(adaptive.min_concurrent, initial))
+    return make_controller(
+        adaptive.algorithm,
+        adaptive.min_concurrent,
+        adaptive.max_concurrent,
+        initial,
+        tolerance=adaptive.latency_tolerance,
+    )
+
+
+class RouteFeedback:
+    """The app call of an admitted request on one limit (shared by the routes that share it),
+    measured for its `limiter` (adaptive) and counted by its `drain` (Retry-After auto)."""
+
+    __slots__ = ("app", "config", "drain", "limit", "limiter", "overload_statuses", "queued")
+
+    def __init__(
+        self,
+        limit: Limit,
+        config: RouteLimit,
+        *,
+        limiter: AdaptiveLimiter | None = None,
+        drain: DrainRate | None = None,
+    ) -> None:
+        self.limit = limit
+        self.config = config
+        self.limiter = limiter
+        self.drain = drain
+        statuses = config.adaptive.overload_status_codes if config.adaptive else ()
+        self.overload_statuses = frozenset(statuses)
+        self.app: ASGIApp | None = None  # set by the middleware (bind)
+        self.queued: QueuedAdmission | None = None  # its queued path, calling this feedback
+
+    def bind(self, app: ASGIApp, queued: QueuedAdmission) -> None:
+        """Call `app` for admitted requests; `queued` serves this limit's queued requests."""
+        self.app = app
+        self.queued = queued
+
+    def retry_after(self) -> int:
+        """Retry-After seconds now: the queue ahead and the request, at the drain rate."""
+        drain = self.drain
+        assert drain is not None
+        return drain.retry_after(self.limit.queue_depth, perf_counter())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app for a request holding a slot of this limit; measure it."""
+        app = self.app
+        assert app is not None
+        limiter = self.limiter
+        if limiter is None or scope["type"] != "http":
+            try:
+                await app(scope, receive, send)
+            finally:
+                self._released()
+            return
+        started = perf_counter()
+        status = 0
+        finished = 0.0
+
+        async def measured_send(message: Message) -> None:
+            nonlocal status, finished
+            kind = message["type"]
+            if kind == "http.response.start":
+                status = message["status"]
+            elif kind == "http.response.body" and not message.get("more_body", False):
+                finished = perf_counter()
+            await send(message)
+
+        overload: bool | None = True
+        try:
+            await app(scope, receive, measured_send)
+            overload = status in self.overload_statuses
+        except asyncio.CancelledError:
+            overload = None  # the client left: no sample
+            raise
+        finally:
+            now = perf_counter()
+            if overload is not None:
+                limiter.record(started, finished or now, overload)
+            self._released(now)
+
+    def _released(self, now: float | None = None) -> None:
+        drain = self.drain
+        if drain is not None:
+            drain.release(perf_counter() if now is None else now)
