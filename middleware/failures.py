@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 from starlette.types import Send
@@ -51,15 +52,23 @@ _NULL = b"null"
 class RouteFailures:
     """The failure responses of one route, one per reason, encoded once."""
 
-    __slots__ = ("_bodies", "_headers", "episode", "status")
+    __slots__ = ("_bodies", "_headers", "_retry_after", "episode", "status")
 
-    def __init__(self, route: RouteLimit, *, close_connection: bool = False) -> None:
+    def __init__(
+        self,
+        route: RouteLimit,
+        *,
+        close_connection: bool = False,
+        retry_after: Callable[[], int] | None = None,
+    ) -> None:
         self.episode = route.failure == "episode"
         self.status = 200 if self.episode else 503
         self._bodies = {reason: _encoded_body(route, reason) for reason in REASONS}
         content_type = _PROBLEM_JSON if route.failure == "problem" else _JSON
         headers = [(b"content-type", content_type)]
-        if not self.episode:
+        # `retry_after` (Retry-After auto): computed for each refusal, from the drain rate.
+        self._retry_after = None if self.episode else retry_after
+        if not self.episode and retry_after is None:
             headers.append((b"retry-after", str(retry_after_seconds(route)).encode()))
         if close_connection:  # a client that retries at once pays a reconnect
             headers.append((b"connection", b"close"))
@@ -79,13 +88,16 @@ class RouteFailures:
         body = self.body(reason, request_body)
         # A fresh headers list each time: outer middlewares may append to it in place.
         headers = [*self._headers, (b"content-length", b"%d" % len(body))]
+        if self._retry_after is not None:
+            headers.append((b"retry-after", b"%d" % self._retry_after()))
         await send({"type": "http.response.start", "status": self.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
 
 def retry_after_seconds(route: RouteLimit) -> int:
-    """`retry_after_seconds`, else the queue timeout rounded up to whole seconds, else 1."""
-    if route.retry_after_seconds is not None:
+    """`retry_after_seconds`, else the queue timeout rounded up to whole seconds, else 1 (also
+    for "auto" where no drain rate is measured)."""
+    if isinstance(route.retry_after_seconds, int):
         return route.retry_after_seconds
     if route.queue_timeout_seconds is not None:
         return max(1, math.ceil(route.queue_timeout_seconds))
@@ -104,6 +116,9 @@ def _encoded_body(route: RouteLimit, reason: Reason) -> bytes:
 
 def _detail(route: RouteLimit, reason: Reason) -> str:
     limit = f"{route.limit_name!r} (max_concurrent={route.max_concurrent})"
+    if route.adaptive is not None:
+        bounds = f"{route.adaptive.min_concurrent}..{route.adaptive.max_concurrent}"
+        limit = f"{route.limit_name!r} (adaptive, {bounds})"
     if reason == "timeout":
         seconds = route.queue_timeout_seconds
         within = "its queue timeout" if seconds is None else f"{seconds:g} s"
