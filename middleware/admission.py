@@ -6,7 +6,9 @@ One request, top to bottom: scope -> route table -> admit (or fail) -> app -> re
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
 from opentelemetry.metrics import MeterProvider
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -19,9 +21,18 @@ from .queued import QueuedAdmission
 from .routing import RouteTable, UnknownRouteError, describe_routes
 from .settings import ConcurrencySettings
 
-__all__ = ["ConcurrencyConfigError", "ConcurrencyLimitMiddleware"]
+__all__ = [
+    "STATE_ATTRIBUTE",
+    "ConcurrencyConfigError",
+    "ConcurrencyLimitMiddleware",
+    "concurrency_middleware",
+    "reload_settings",
+]
 
 _log = logging.getLogger("gym_concurrency.middleware")
+# The middleware leaves itself on the app it limits, `app.state.gym_concurrency`, once it has
+# read the app's routes (lifespan startup, or the first request): for `reload_settings(app)`.
+STATE_ATTRIBUTE = "gym_concurrency"
 
 
 class ConcurrencyConfigError(RuntimeError):
@@ -65,7 +76,9 @@ class ConcurrencyLimitMiddleware:
             bodies=QueuedBodies(self.settings.max_queued_body_bytes_total),
             refusal_body_seconds=self.settings.refusal_body_timeout_seconds,
         )
+        self._bind(self.limits)
         self._table: RouteTable[LimitedRoute] | None = None
+        self._routed_app: Any = None  # the app whose routes the table was compiled from
         self._operations = bool(self.limits.operations)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -87,18 +100,23 @@ class ConcurrencyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         limit = route.limit
+        # An adaptive limit (or Retry-After auto) runs the app in its feedback, measured.
+        feedback = route.feedback
+        app = self.app if feedback is None else feedback
         if not limit.try_acquire():
             waiter = limit.enqueue()
             if waiter.done() and scope_type == "http":  # refused as it arrived
                 self._record_no_wait(route, waiter.result())
                 await self._queued.refuse_at_once(route, waiter.result(), receive, send)
             else:  # it waits: read the client meanwhile
-                await self._queued(route, waiter, scope, receive, send)
+                queued = self._queued if feedback is None else feedback.queued
+                assert queued is not None
+                await queued(route, waiter, scope, receive, send)
             return
         try:  # the slot is held from here on: nothing may come between taking and `try`
             # A free slot and nobody waiting: taken at once, so the wait recorded is zero.
             self._record_no_wait(route, "admitted")
-            await self.app(scope, receive, send)
+            await app(scope, receive, send)
         finally:
             limit.release()
 
@@ -155,7 +173,68 @@ class ConcurrencyLimitMiddleware:
             _log.error("%s", self._config_error)
             return None
         self._table = table
+        self._routed_app = app
+        state = getattr(app, "state", None)
+        if state is not None:  # a Starlette / FastAPI app: reachable for reload_settings(app)
+            setattr(state, STATE_ATTRIBUTE, self)
         return table
+
+    def reload(self, settings: ConcurrencySettings) -> list[str]:
+        """Apply new settings to the running middleware, all or nothing, and return what
+        changed (one line each, also logged). Held slots and waiters stay; a limit's size,
+        adaptive settings, failure profile and Retry-After change at once (gym.concurrency.limit
+        shows the new size at the next export); limits can be added and removed.
+
+        Call it on the server's event loop (a signal handler added with
+        `loop.add_signal_handler`, a route behind the app's own auth, or
+        `loop.call_soon_threadsafe` from a file watcher's thread). Raises ValueError for a
+        change a running limit cannot take (its queue timeout or bound, the component or
+        server name: restart for those) and ConcurrencyConfigError if the settings do not fit
+        the app; nothing is changed then."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                "reload() must run on the server's event loop (its limits are asyncio objects): "
+                "from another thread, use loop.call_soon_threadsafe(middleware.reload, settings)"
+            ) from None
+        if self._config_error is not None:
+            raise ConcurrencyConfigError(f"cannot reload a misconfigured middleware: "
+                                         f"{self._config_error}")
+        limits = ConcurrencyLimits(settings, self.limits.meter_provider, previous=self.limits)
+        table = None
+        if self._routed_app is not None:
+            app = self._routed_app
+            try:
+                table = RouteTable.compile(app, [(r.config, r) for r in limits.routes])
+                check_operation_names(app, limits.operations)
+            except UnknownRouteError as error:
+                raise ConcurrencyConfigError(f"gym_concurrency: reload refused: {error}") from None
+        changes = limits.apply()
+        self._queued.max_body_bytes = settings.max_queued_body_bytes
+        self._queued.bodies.limit = settings.max_queued_body_bytes_total
+        self._queued.refusal_body_seconds = settings.refusal_body_timeout_seconds
+        self._bind(limits)
+        self.settings, self.limits, self._table = settings, limits, table
+        self._operations = bool(limits.operations)
+        for change in changes:
+            _log.info("gym_concurrency reload: %s", change)
+        return changes
+
+    def _bind(self, limits: ConcurrencyLimits) -> None:
+        """Give each feedback the app to call and its own queued path, calling it."""
+        queued = self._queued
+        for feedback in limits.feedbacks():
+            feedback.bind(
+                self.app,
+                QueuedAdmission(
+                    feedback,
+                    self._recorder,
+                    max_body_bytes=queued.max_body_bytes,
+                    bodies=queued.bodies,
+                    refusal_body_seconds=queued.refusal_body_seconds,
+                ),
+            )
 
     async def _misconfigured(self, scope: Scope, send: Send) -> None:
         # Without lifespan there is no start to fail: every request says what is wrong.
@@ -175,3 +254,21 @@ class ConcurrencyLimitMiddleware:
         ]
         await send({"type": "http.response.start", "status": 500, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def concurrency_middleware(app: Any) -> ConcurrencyLimitMiddleware:
+    """The ConcurrencyLimitMiddleware limiting `app` (a Starlette / FastAPI app), once it has
+    started (lifespan startup, or the first request without lifespan)."""
+    middleware = getattr(getattr(app, "state", None), STATE_ATTRIBUTE, None)
+    if not isinstance(middleware, ConcurrencyLimitMiddleware):
+        raise LookupError(
+            "no running ConcurrencyLimitMiddleware on this app: add it with "
+            "app.add_middleware(ConcurrencyLimitMiddleware, ...); it is found once the app "
+            "has started (lifespan startup, or its first request)"
+        )
+    return middleware
+
+
+def reload_settings(app: Any, settings: ConcurrencySettings) -> list[str]:
+    """Apply `settings` to the ConcurrencyLimitMiddleware of `app` (see its `reload`)."""
+    return concurrency_middleware(app).reload(settings)
