@@ -6,18 +6,21 @@ put verifier / judge / tool work under a metered limit (`operation_limit`), and 
 status view of every limit (`ConcurrencyStatusView`).
 """
 
-from .admission import ConcurrencyLimitMiddleware
+from .admission import ConcurrencyLimitMiddleware, concurrency_middleware, reload_settings
 from .dependencies import OperationHandle, operation_limit
-from .settings import ConcurrencySettings, OperationLimit, RouteLimit
+from .settings import AdaptiveLimit, ConcurrencySettings, OperationLimit, RouteLimit
 from .status import ConcurrencyStatusView, status_snapshot
 
 __all__ = [
+    "AdaptiveLimit",
     "ConcurrencyLimitMiddleware",
     "ConcurrencySettings",
     "ConcurrencyStatusView",
     "OperationHandle",
     "OperationLimit",
     "RouteLimit",
+    "concurrency_middleware",
     "operation_limit",
+    "reload_settings",
     "status_snapshot",
 ]
