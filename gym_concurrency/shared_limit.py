@@ -35,6 +35,7 @@ _log = logging.getLogger(__name__)
 
 _RECHECK_SECONDS: Final = 1.0  # the longest a lost notification can delay a waiter
 _PROBE_SECONDS: Final = 0.25  # how often an unreachable Redis is tried again
+_TICK_SECONDS: Final = 0.1  # the heartbeat's nap between looks at what is due (no Redis call)
 _CLOSE_SECONDS: Final = 2.0  # how long close() waits for in-flight Redis calls
 _BATCH: Final = 256  # waiters registered in one script call
 _EXPIRY_MARGIN: Final = 0.005  # re-check this long after a lease is due to expire
@@ -767,17 +768,12 @@ class SharedLimit:
         waiters queue also every second (the re-check) and when a lease is due to expire;
         every 0.25 s while Redis is away."""
         period = self._lease_seconds / 3
+        recheck = min(period, _RECHECK_SECONDS)
         last = -math.inf
         while not self._closed:  # (a cancel swallowed inside a client call ends it too)
             try:
                 now = time.monotonic()
-                if self._down or self._sync_now:
-                    due = True
-                elif self._ids:  # waiters: re-check every second, and when a lease expires
-                    due = now - last >= min(period, _RECHECK_SECONDS) or now >= self._next_expiry
-                else:
-                    due = now - last >= period
-                if due:
+                if self._down or self._sync_now or now >= self._due(last, period, recheck):
                     last = now
                     self._sync_now = False
                     if self._pending_size is not None:
@@ -785,10 +781,16 @@ class SharedLimit:
                     await self._sync()
             except Exception:  # the heartbeat must outlive anything
                 _log.exception("gym_concurrency: %s: heartbeat failed", self._describe())
-            step = _PROBE_SECONDS if self._down else min(period, _RECHECK_SECONDS) / 4
-            if self._ids:
-                step = max(0.0, min(step, self._next_expiry - time.monotonic()))
-            await asyncio.sleep(step)
+            if self._down:
+                pause = _PROBE_SECONDS
+            else:  # short naps (no Redis call): waiters that arrive meanwhile are seen soon
+                pause = min(_TICK_SECONDS, self._due(last, period, recheck) - time.monotonic())
+            await asyncio.sleep(max(0.0, pause))
+
+    def _due(self, last: float, period: float, recheck: float) -> float:
+        if self._ids:
+            return min(last + recheck, self._next_expiry)
+        return last + period
 
     async def _mailbox(self) -> None:
         """Wake this process's waiters: Redis pushes each lease it grants them to this
