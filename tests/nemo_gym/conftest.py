@@ -9,6 +9,8 @@ matrix, the body race) runs on every Python.
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -21,6 +23,10 @@ if NEMO_GYM_PYTHON:
     import importlib.metadata
 
     _INSTALL = "scripts/install-nemo-gym <venv> installs it (scripts/test does)"
+    # Importing nemo_gym rewrites sys.path (nemo_gym/__init__.py, _augment_sys_path) and, by
+    # logging before logging is configured, adds a StreamHandler to the root logger: the
+    # rest of the test session gets both back as they were.
+    _path, _handlers = list(sys.path), list(logging.getLogger().handlers)
     try:
         import nemo_gym.base_environment_server
         import nemo_gym.rollout_collection  # noqa: F401
@@ -29,6 +35,11 @@ if NEMO_GYM_PYTHON:
             f"tests/nemo_gym need NeMo Gym {NEMO_GYM_VERSION} on Python 3.13 and it does not "
             f"import: {error}. {_INSTALL}"
         ) from error
+    finally:
+        sys.path[:] = _path
+        for _handler in logging.getLogger().handlers:
+            if _handler not in _handlers:
+                logging.getLogger().removeHandler(_handler)
     _installed = importlib.metadata.version("nemo-gym")
     if _installed != NEMO_GYM_VERSION:
         raise ImportError(
