@@ -198,18 +198,33 @@ def connections_for(config: str, connections: list[int]) -> list[int]:
     return connections
 
 
+class Pace:
+    """Spreads the retry budget over the run: a cell may be measured again only while the run
+    is within 1.2x of the time the cells so far were estimated to take."""
+
+    def __init__(self, estimate_s: float, cells: int) -> None:
+        self.started = time.monotonic()
+        self.per_cell = 1.2 * estimate_s / max(1, cells)
+        self.done = 0
+
+    def may_retry(self) -> bool:
+        return time.monotonic() - self.started < self.per_cell * (self.done + 1)
+
+
 def measure_cell(args: argparse.Namespace, server: Server, connections: int,
-                 deadline: float) -> dict[str, Any]:
-    """One cell; measured again (up to --retries times, while within the time budget) when
-    other processes took more than --max-other cores meanwhile. Keeps the quietest try."""
+                 pace: Pace) -> dict[str, Any]:
+    """One cell; measured again (up to --retries times, while the run keeps to its time
+    budget) when other processes took more than --max-other cores meanwhile. Keeps the
+    quietest try."""
     tries = []
     for attempt in range(1 + args.retries):
         if attempt:
             time.sleep(1.0)
         tries.append(loadgen(args.python, server.port, connections, args.warmup, args.seconds,
                              server.process.pid))
-        if tries[-1].get("other_cpu", 0.0) <= args.max_other or time.monotonic() > deadline:
+        if tries[-1].get("other_cpu", 0.0) <= args.max_other or not pace.may_retry():
             break
+    pace.done += 1
     best = min(tries, key=lambda t: t.get("other_cpu", 0.0))
     best["tries_other_cpu"] = [round(t.get("other_cpu", 0.0), 2) for t in tries]
     return best
@@ -217,7 +232,8 @@ def measure_cell(args: argparse.Namespace, server: Server, connections: int,
 
 def run_rounds(args: argparse.Namespace, pairs: list[tuple[str, str]], source: Path,
                workdir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict]:
-    deadline = time.monotonic() + args.budget
+    n_cells = sum(len(connections_for(c, args.connections)) for _, c in pairs) * args.rounds
+    pace = Pace(args.estimate, n_cells)
     cells: list[dict[str, Any]] = []
     rounds: list[dict[str, Any]] = []
     server_info: dict[str, Any] = {}
@@ -236,7 +252,7 @@ def run_rounds(args: argparse.Namespace, pairs: list[tuple[str, str]], source: P
                 if not server_info:
                     server_info = json.loads(info.read_text())
                 for connections in connections_for(config, args.connections):
-                    result = measure_cell(args, server, connections, deadline)
+                    result = measure_cell(args, server, connections, pace)
                     cells.append({"round": index, "group": group, "config": config, **result})
                     kinds = ", ".join(f"{k} {v['per_second']:.0f}/s"
                                       for k, v in result["kinds"].items())
@@ -402,6 +418,28 @@ def tables(summary: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> str:
     return "\n".join(out)
 
 
+def summarize_files(paths: list[str], out: str | None) -> None:
+    """Tables over the cells of one or more earlier runs (of the same tree: their rounds are
+    pooled, each ratio still taken within its own round)."""
+    cells: list[dict[str, Any]] = []
+    pairs: list[tuple[str, str]] = []
+    for index, path in enumerate(paths):
+        run = json.loads(Path(path).read_text())
+        print(f"{path}: source {run['source']['commit'][:12]}, {run['date']}, load average "
+              f"{run['load_average_start']} -> {run['load_average_end']}, "
+              f"{len(run['rounds'])} rounds")
+        for cell in run["cells"]:
+            cells.append({**cell, "round": index * 1000 + cell["round"]})
+            if (cell["group"], cell["config"]) not in pairs:
+                pairs.append((cell["group"], cell["config"]))
+    summary = summarize(cells, pairs)
+    print()
+    print(tables(summary, pairs))
+    if out:
+        Path(out).write_text(json.dumps({"benchmark": "overload", "pooled_from": paths,
+                                         "summary": summary}, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -422,8 +460,8 @@ def main() -> None:
     parser.add_argument("--max-other", type=float, default=0.35,
                         help="measure a cell again if other processes used more cores")
     parser.add_argument("--retries", type=int, default=2,
-                        help="at most this many extra tries of a noisy cell, while the run is "
-                        "within 1.2x its estimated time")
+                        help="at most this many extra tries of a noisy cell, while the run keeps "
+                        "within 1.2x of its estimated time")
     parser.add_argument("--no-sdk", dest="sdk", action="store_false")
     parser.add_argument("--no-close", dest="close", action="store_false",
                         help="skip the Connection: close variants even if the setting exists")
@@ -432,7 +470,13 @@ def main() -> None:
                         help="1 round, 0.5 s warm-up + 1.5 s windows: checks that it all runs")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--json", default=None, help="default: results/overload-LABEL.json")
+    parser.add_argument("--summarize", nargs="+", metavar="JSON",
+                        help="measure nothing: print the tables of earlier runs' JSON files, "
+                        "their rounds pooled (--json writes the pooled summary)")
     args = parser.parse_args()
+    if args.summarize:
+        summarize_files(args.summarize, args.json)
+        return
     if args.quick:
         args.rounds, args.seconds, args.warmup = 1, 1.5, 0.5
     args.connections = [int(c) for c in args.connections.split(",")]
@@ -449,9 +493,9 @@ def main() -> None:
     n_cells = sum(len(connections_for(c, args.connections)) for _, c in pairs)
     estimate = args.rounds * (n_cells * (args.warmup + args.seconds + args.settle + 0.4)
                               + len(pairs) * 2.5)
-    args.budget = 1.2 * estimate
+    args.estimate = estimate
     print(f"source {source}; {len(pairs)} servers x {args.rounds} rounds, {n_cells} cells a "
-          f"round; about {estimate / 60:.1f} min (at most {args.budget / 60:.1f} min with "
+          f"round; about {estimate / 60:.1f} min (up to {1.2 * estimate / 60:.1f} min with "
           "retries of noisy cells)", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     workdir = Path("/tmp/gym_concurrency_overload")
