@@ -151,6 +151,8 @@ class SharedLimit:
         self._deferred: list[str] = []
         self._unsent: list[_Waiter] = []  # waiters not yet sent to Redis, in arrival order
         self._registering = False
+        self._unremoved: list[str] = []  # ids given back, not yet removed from Redis
+        self._removing = False
         self._down = False
         self._sync_now = False  # Redis answered again: renew and re-register at once
         self._contacted = False
@@ -424,7 +426,7 @@ class SharedLimit:
             async with asyncio.timeout(_CLOSE_SECONDS):
                 while self._background:  # registrations in flight remove what they made
                     await asyncio.gather(*self._background, return_exceptions=True)
-        ids += [*self._dropping, *self._deferred]
+        ids += [*self._dropping, *self._deferred, *self._unremoved]
         if ids and not self._down:
             with contextlib.suppress(*self._failures):
                 await self._call("remove", ids)
@@ -554,6 +556,8 @@ class SharedLimit:
         self._ids.clear()
         self._unsent.clear()
         self._registering = False
+        self._unremoved.clear()
+        self._removing = False
         self._failures = (RedisError, OSError, TimeoutError)
         common: dict[str, Any] = {
             "decode_responses": True,
@@ -598,7 +602,9 @@ class SharedLimit:
         stamp = int(reply[4])
         if stamp >= self._stamp or stamp < self._stamp - 1_000_000:  # (a clock stepped back)
             self._stamp = stamp
-            self._limit, self._global_held, self._global_queued = (int(v) for v in reply[1:4])
+            limit, self._global_held, self._global_queued = (int(v) for v in reply[1:4])
+            if self._pending_size is None or self._pending_size[1] != "resize":
+                self._limit = limit  # (else this process's resize, not yet applied, wins)
             expiry = int(reply[5])
             self._next_expiry = (
                 time.monotonic() + expiry / 1000 + _EXPIRY_MARGIN if expiry >= 0 else math.inf
@@ -709,15 +715,28 @@ class SharedLimit:
             return
         if lease in self._inflight:  # the sync in flight names it: remove it after that
             self._deferred.append(lease)
-        else:
-            self._spawn(self._remove_now([lease]))
+            return
+        self._unremoved.append(lease)
+        if not self._removing:
+            self._removing = True
+            self._spawn(self._remove_pending())
 
-    async def _remove_now(self, ids: list[str]) -> None:
+    async def _remove_pending(self) -> None:
+        """Remove what was given back, a batch per script call (one call in flight)."""
         try:
-            await self._call("remove", ids)
-        except self._failures as error:
-            self._failed("remove", error)
-            self._dropping.update(ids)
+            while self._unremoved:
+                ids = self._unremoved[:_BATCH]
+                del self._unremoved[:_BATCH]
+                if self._down:  # the heartbeat removes them once Redis answers again
+                    self._dropping.update(ids)
+                    continue
+                try:
+                    await self._call("remove", ids)
+                except self._failures as error:
+                    self._failed("remove", error)
+                    self._dropping.update(ids)
+        finally:
+            self._removing = False
 
     async def _apply_size(self) -> None:
         assert self._size_lock is not None
@@ -748,8 +767,8 @@ class SharedLimit:
         finally:
             self._inflight = set()
             deferred, self._deferred = self._deferred, []
-            if deferred:
-                self._spawn(self._remove_now(deferred))
+            for lease in deferred:
+                self._remove(lease)
         self._dropping.difference_update(drops)
         granted, reclaimed, requeued = reply[6], reply[7], reply[8]
         for lease in granted:
