@@ -155,10 +155,17 @@ def _fastapi(outer: str) -> FastAPI:
         # given (outside every user middleware): traces and request metrics.
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-        return FastAPI(
-            telemetry={"tracer_provider": TracerProvider(), "meter_provider": MeterProvider()}
+        spans = InMemorySpanExporter()
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+        app = FastAPI(
+            telemetry={"tracer_provider": tracer_provider, "meter_provider": MeterProvider()}
         )
+        app.state.spans = spans  # the test checks the layer really ran
+        return app
     if outer == "fastapi_max_body_size":
         # FastAPI >= 0.165's request body limit wraps receive outside every user middleware.
         return FastAPI(max_body_size=1024 * 1024)

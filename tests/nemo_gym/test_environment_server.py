@@ -144,7 +144,9 @@ async def test_the_collector_floods_an_environment_server(
     # hidden retry would show here) and every one was answered 200.
     assert (ledger.requests, ledger.responses, ledger.statuses) == (total, total, {200: total})
     assert sum(outcomes.values()) == total
-    assert set(outcomes) == {"admitted", "timeout", "shed"}, outcomes  # the flood covers all
+    assert {"admitted", "shed"} <= set(outcomes) <= {"admitted", "timeout", "shed"}, outcomes
+    if ROUNDS >= 50:  # long episodes make some queued ones time out
+        assert outcomes["timeout"] > 0, outcomes
     # Each admitted episode ran exactly once; no client gave up (NeMo Gym's cancellation
     # middleware counts every disconnect before a response completed).
     assert len(server.episodes_run) == outcomes["admitted"]

@@ -113,6 +113,11 @@ async def test_floods_through_the_outer_middleware(
                     lambda limit=limit: (limit.active, limit.queue_depth) == (0, 0),
                     f"every slot back after flood {flood + 1} behind {outer}",
                 )
+    if outer in ("fastapi_native_telemetry", "all_of_them"):  # FastAPI's layer really ran
+        # A server span per request: "POST /run" once routed, "POST" when refused before.
+        names = Counter(span.name for span in app.state.spans.get_finished_spans())
+        assert names["POST /run"] == outcomes["admitted"], names
+        assert names["POST"] == FLOODS * REQUESTS_PER_FLOOD - outcomes["admitted"], names
     assert sum(outcomes.values()) == FLOODS * REQUESTS_PER_FLOOD
     assert outcomes["admitted"] > 0
     assert outcomes["Episode admission queue full"] > 0, outcomes
