@@ -38,6 +38,7 @@ _PROBE_SECONDS: Final = 0.25  # how often an unreachable Redis is tried again
 _TICK_SECONDS: Final = 0.1  # the heartbeat's nap between looks at what is due (no Redis call)
 _CLOSE_SECONDS: Final = 2.0  # how long close() waits for in-flight Redis calls
 _BATCH: Final = 256  # waiters registered in one script call
+_RECHECK_WAITERS: Final = 64  # the oldest waiters a re-check asks about
 _EXPIRY_MARGIN: Final = 0.005  # re-check this long after a lease is due to expire
 
 
@@ -752,11 +753,14 @@ class SharedLimit:
             if self._pending_size == pending:
                 self._pending_size = None
 
-    async def _sync(self) -> None:
+    async def _sync(self, full: bool = True) -> None:
         """Renew this process's leases and waiters, drop what must go, learn of grants whose
-        notification was lost, re-register what Redis lost."""
-        held = list(self._held)
-        queued = [i for i, w in self._ids.items() if w.registered]
+        notification was lost, re-register what Redis lost. A re-check (not `full`) names only
+        this process's oldest waiters, the first to be handed a slot (FIFO): it costs the same
+        with ten waiters or ten thousand."""
+        held = list(self._held) if full else []
+        registered = (i for i, w in self._ids.items() if w.registered)
+        queued = list(registered if full else itertools.islice(registered, _RECHECK_WAITERS))
         drops = list(self._dropping)
         self._inflight = {*held, *queued}
         try:
@@ -788,28 +792,34 @@ class SharedLimit:
         every 0.25 s while Redis is away."""
         period = self._lease_seconds / 3
         recheck = min(period, _RECHECK_SECONDS)
-        last = -math.inf
+        last = last_full = -math.inf
         while not self._closed:  # (a cancel swallowed inside a client call ends it too)
             try:
                 now = time.monotonic()
-                if self._down or self._sync_now or now >= self._due(last, period, recheck):
+                full = self._down or self._sync_now or now >= last_full + period
+                if full or now >= self._recheck_due(last, recheck):
                     last = now
-                    self._sync_now = False
-                    if self._pending_size is not None:
-                        await self._apply_size()
-                    await self._sync()
+                    if full:
+                        last_full = now
+                        self._sync_now = False
+                        if self._pending_size is not None:
+                            await self._apply_size()
+                    await self._sync(full)
             except Exception:  # the heartbeat must outlive anything
                 _log.exception("gym_concurrency: %s: heartbeat failed", self._describe())
             if self._down:
                 pause = _PROBE_SECONDS
             else:  # short naps (no Redis call): waiters that arrive meanwhile are seen soon
-                pause = min(_TICK_SECONDS, self._due(last, period, recheck) - time.monotonic())
+                due = min(last_full + period, self._recheck_due(last, recheck))
+                pause = min(_TICK_SECONDS, due - time.monotonic())
             await asyncio.sleep(max(0.0, pause))
 
-    def _due(self, last: float, period: float, recheck: float) -> float:
+    def _recheck_due(self, last: float, recheck: float) -> float:
+        """When waiters of this process should look for a lost notification or an expired
+        lease (never, without waiters)."""
         if self._ids:
             return min(last + recheck, self._next_expiry)
-        return last + period
+        return math.inf
 
     async def _mailbox(self) -> None:
         """Wake this process's waiters: Redis pushes each lease it grants them to this
