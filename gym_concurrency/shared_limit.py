@@ -313,7 +313,7 @@ class SharedLimit:
         """Join the global queue: the future ends "admitted" (the slot is held), "timeout",
         "shed" (the global queue was full) or "unavailable" (Redis could not be reached and
         the mode is "refuse"). Never raises."""
-        loop = self._bind()
+        loop = asyncio.get_running_loop() if self._closed else self._bind()
         future: asyncio.Future[Admission] = loop.create_future()
         if self._down or self._closed:
             waiter = self._add(_Waiter(None, future), loop)
@@ -397,6 +397,8 @@ class SharedLimit:
     async def connect(self) -> bool:
         """Start the heartbeat and the mailbox (done by the first admission anyway) and set
         the configured size; True if Redis answered. Never raises for an unreachable Redis."""
+        if self._closed:
+            return False
         self._bind()
         await self._apply_size()
         await self._sync()

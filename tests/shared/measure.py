@@ -1,3 +1,4 @@
+# ruff: noqa: ASYNC110  (a measuring script polls plain state between its steps)
 """Figures for the shared limit on a real redis-server of its own (not a test; prints JSON):
 
     python -m tests.shared.measure [--handoffs 1000] [--waiters 100,10000]
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import multiprocessing
 import statistics
@@ -94,7 +96,7 @@ def handoffs(url: str, rounds: int) -> dict[str, float]:
         (at, who, kind) for who, events in enumerate(results) for kind, at in events
     )
     gaps = []
-    for (at, who, kind), (next_at, next_who, next_kind) in zip(merged, merged[1:], strict=False):
+    for (at, who, kind), (next_at, next_who, next_kind) in itertools.pairwise(merged):
         if kind == "release" and next_kind == "admit" and next_who != who:
             gaps.append((next_at - at) * 1000)
     return {
@@ -160,7 +162,7 @@ async def waiters(server: RedisServer, total: int, processes: int = 4) -> dict[s
         float(cpu_after[k]) - float(cpu_before[k]) for k in ("used_cpu_sys", "used_cpu_user")
     )
     admitted = sorted(t for times in results for t in times)
-    gaps = [(b - a) * 1e6 for a, b in zip(admitted, admitted[1:], strict=False)]
+    gaps = [(b - a) * 1e6 for a, b in itertools.pairwise(admitted)]
     return {
         "waiters": total,
         "redis_used_memory_bytes": memory,

@@ -474,7 +474,12 @@ async def test_close_ends_waiters_unavailable_and_removes_its_leases_and_waiters
     assert closing._tasks == []
     closing.release()  # the holder finishing after close is fine
     assert await closing.enqueue() == "unavailable"
+    assert not await closing.connect()
     other.release()
+    never_used = limits(1)
+    await never_used.close()
+    assert await never_used.enqueue() == "unavailable"
+    assert never_used._client is None  # closed before it ever connected: it never does
 
 
 async def test_acquire_and_async_with_hold_a_slot_like_a_semaphore(
