@@ -122,8 +122,9 @@ class ConcurrencyLimitMiddleware:
 
     def _record_no_wait(self, route: LimitedRoute, outcome: str) -> None:
         histogram = self._recorder.histogram()
-        if histogram is not None:
-            self._recorder.record(histogram, 0.0, route.wait_attributes[outcome])
+        attributes = route.wait_attributes.get(outcome)  # "unavailable" is counted, not timed
+        if histogram is not None and attributes is not None:
+            self._recorder.record(histogram, 0.0, attributes)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = await receive()
@@ -147,15 +148,35 @@ class ConcurrencyLimitMiddleware:
             nonlocal failed
             if failed:
                 return  # the app reporting our error back: the server already has it
-            if reply["type"] == "lifespan.startup.complete" and self._build(scope) is None:
-                failed = True
-                await send({"type": "lifespan.startup.failed", "message": self._config_error})
-                raise ConcurrencyConfigError(self._config_error)  # into the app's startup
+            if reply["type"] == "lifespan.startup.complete":
+                if self._build(scope) is None:
+                    failed = True
+                    await send({"type": "lifespan.startup.failed", "message": self._config_error})
+                    raise ConcurrencyConfigError(self._config_error)  # into the app's startup
+                await self._connect_shared()
+            elif reply["type"] in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+                await self._close_shared()
             await send(reply)
 
         await self.app(scope, receive_again, send_checked)
         if failed:  # the app swallowed the error
             raise ConcurrencyConfigError(self._config_error)
+
+    async def _connect_shared(self) -> None:
+        """Connect the limits shared across processes; one Redis cannot reach is logged and
+        answers by `redis_unavailable` until it can (no restart needed)."""
+        for limit in self.limits.shared():
+            if not await limit.connect():
+                _log.warning(
+                    "gym_concurrency: limit %r: its Redis cannot be reached; admissions are "
+                    "%s until it can", limit.limit_name,
+                    "refused" if self.settings.redis_unavailable == "refuse" else "local",
+                )
+
+    async def _close_shared(self) -> None:
+        """Give this process's global slots and places back, and close their connections."""
+        for limit in self.limits.shared():
+            await limit.close()
 
     def _build(self, scope: Scope) -> RouteTable[LimitedRoute] | None:
         """Compile the route table from the app and check operation names, once; None (with

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from opentelemetry.metrics import MeterProvider
 
 from gym_concurrency import MeteredSemaphore, observe_concurrency
 from gym_concurrency.adaptive import AdaptiveLimiter, DrainRate
 from gym_concurrency.limit import Limit
+
+if TYPE_CHECKING:
+    from gym_concurrency.shared_limit import SharedLimit
 from gym_concurrency.names import (
     ADMISSION_OUTCOME_ATTRIBUTE,
     ADMISSION_OUTCOMES,
@@ -104,6 +108,14 @@ class ConcurrencyLimits:
             ]
         return changes
 
+    def shared(self) -> list[SharedLimit]:
+        """The limits shared across processes (scope global): connected at start, closed at
+        shutdown."""
+        limits: list[object] = [semaphore for semaphore, _, _ in self._route_limits.values()]
+        limits += [operation.semaphore for operation in self.operations.values()]
+        shared = [limit for limit in limits if getattr(limit, "scope", None) == "global"]
+        return shared  # type: ignore[return-value]
+
     def feedbacks(self) -> list[RouteFeedback]:
         """The feedback of every limit that has one (adaptive, or Retry-After auto)."""
         return [f for _, f, _ in self._route_limits.values() if f is not None]
@@ -146,7 +158,7 @@ class ConcurrencyLimits:
             old_feedback, old_config = None, None
         else:
             semaphore, old_feedback, old_config = old
-            for field in ("queue_timeout_seconds", "max_queue"):
+            for field in ("queue_timeout_seconds", "max_queue", "scope"):
                 _check_unchanged(f"routes.{index}.{field}", name, old_config, config, field)
         drain = None
         if config.retry_after_seconds == "auto":
@@ -200,8 +212,9 @@ class ConcurrencyLimits:
                 else None
             )
             return semaphore
-        field = f"operations.{index}.timeout_seconds"
-        _check_unchanged(field, config.limit_name, old.config, config, "timeout_seconds")
+        for name in ("timeout_seconds", "scope"):
+            field = f"operations.{index}.{name}"
+            _check_unchanged(field, config.limit_name, old.config, config, name)
         semaphore = old.semaphore
 
         def resize() -> str | None:
@@ -215,15 +228,38 @@ class ConcurrencyLimits:
         return semaphore
 
     def _semaphore(self, config: RouteLimit | OperationLimit) -> MeteredSemaphore:
+        """A process's own semaphore, or for `scope="global"` a SharedLimit (which implements
+        the same Limit protocol; typed as the semaphore everywhere it is used as one)."""
         if isinstance(config, RouteLimit):
             timeout, max_queue = config.queue_timeout_seconds, config.max_queue
         else:
             timeout, max_queue = config.timeout_seconds, None
+        settings = self.settings
+        if config.scope == "global":
+            from gym_concurrency.shared_limit import SharedLimit  # the [redis] extra
+
+            assert settings.redis_url is not None  # checked by the settings
+            local = settings.redis_unavailable == "local"
+            shared = SharedLimit(
+                config.max_concurrent,
+                redis_url=settings.redis_url,
+                component=settings.component,
+                limit_name=config.limit_name,
+                server=settings.server_name,
+                timeout=timeout,
+                max_queue=max_queue,
+                lease_seconds=settings.redis_lease_seconds,
+                redis_unavailable=settings.redis_unavailable,
+                local_max_concurrent=(config.local_max_concurrent or config.max_concurrent)
+                if local
+                else None,
+            )
+            return shared  # type: ignore[return-value]
         return MeteredSemaphore(
             config.max_concurrent,
-            component=self.settings.component,
+            component=settings.component,
             limit_name=config.limit_name,
-            server=self.settings.server_name,
+            server=settings.server_name,
             timeout=timeout,
             max_queue=max_queue,
         )

@@ -37,6 +37,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from gym_concurrency.limit import LimitScope
 from gym_concurrency.names import EXECUTORS, OPERATIONS, check_member
 
 __all__ = [
@@ -195,6 +196,12 @@ class RouteLimit(_NumbersAreNumbers):
     # Whole seconds; "auto": how long the queue ahead would take to clear at the measured rate.
     retry_after_seconds: Annotated[int, Field(ge=0)] | Literal["auto"] | None = None
     adaptive: AdaptiveLimit | None = None
+    # "global": one limit shared by every process that configures this limit_name against the
+    # same Redis (ConcurrencySettings.redis_url); "process": this process's own.
+    scope: LimitScope = "process"
+    # Slots this process admits on its own while Redis cannot be reached, with
+    # redis_unavailable="local" (None: max_concurrent).
+    local_max_concurrent: int | None = Field(default=None, ge=1)
 
     @field_validator("retry_after_seconds", mode="before")
     @classmethod
@@ -261,6 +268,8 @@ class OperationLimit(_NumbersAreNumbers):
     executor: str
     max_concurrent: int = Field(ge=1)
     timeout_seconds: _Seconds | None = None
+    scope: LimitScope = "process"  # as RouteLimit.scope
+    local_max_concurrent: int | None = Field(default=None, ge=1)  # as RouteLimit's
 
     @field_validator("operation")
     @classmethod
@@ -291,6 +300,13 @@ class ConcurrencySettings(_NumbersAreNumbers, BaseSettings):
     max_queued_body_bytes_total: int = Field(default=DEFAULT_MAX_QUEUED_BODY_BYTES_TOTAL, ge=0)
     refusal_body_timeout_seconds: _Seconds = DEFAULT_REFUSAL_BODY_TIMEOUT_SECONDS
     close_connection_on_refusal: bool = False
+    # Limits with scope="global" live in this Redis (or Valkey): redis://host:port/db.
+    redis_url: str | None = None
+    # Redis unreachable: "refuse" answers with the failure profile (reason unavailable);
+    # "local" admits through a process-local limit of local_max_concurrent slots.
+    redis_unavailable: Literal["refuse", "local"] = "refuse"
+    # A global slot is a lease, renewed by one heartbeat per process every third of this.
+    redis_lease_seconds: _Seconds = 10.0
 
     @field_validator("routes", "operations", mode="before")
     @classmethod
@@ -305,6 +321,7 @@ class ConcurrencySettings(_NumbersAreNumbers, BaseSettings):
         _check_shared_route_limits(self.routes)
         _check_no_overlapping_routes(self.routes)
         _check_operation_names(self.operations, self.routes)
+        _check_global_limits(self)
         return self
 
     @classmethod
@@ -377,6 +394,26 @@ def _check_shared_route_limits(routes: list[RouteLimit]) -> None:
                     f"this route ({route.path}) sets {mine!r}; routes sharing a limit_name "
                     "share one semaphore and must agree on it"
                 )
+
+
+def _check_global_limits(settings: ConcurrencySettings) -> None:
+    entries: list[tuple[str, int, RouteLimit | OperationLimit]] = [
+        ("routes", i, r) for i, r in enumerate(settings.routes)
+    ]
+    entries += [("operations", i, o) for i, o in enumerate(settings.operations)]
+    for kind, index, limit in entries:
+        if limit.scope != "global":
+            continue
+        if settings.redis_url is None:
+            raise ValueError(
+                f"{kind}.{index}.scope: limit {limit.limit_name!r} is global, which needs "
+                "redis_url (GYM_CONCURRENCY_REDIS_URL), the Redis every process shares"
+            )
+        if isinstance(limit, RouteLimit) and limit.adaptive is not None:
+            raise ValueError(
+                f"{kind}.{index}.adaptive: an adaptive limit follows this process's own "
+                "latency; it cannot drive a global limit that other processes share"
+            )
 
 
 def _check_no_overlapping_routes(routes: list[RouteLimit]) -> None:

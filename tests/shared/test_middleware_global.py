@@ -1,0 +1,183 @@
+"""`scope="global"` route limits through the middleware: several real uvicorn processes on
+127.0.0.1 configured only from GYM_CONCURRENCY_* variables, one redis-server, a witness
+counter in Redis inside the handler."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.shared.redis_server import RedisServer
+from tests.uvicorn_process import Uvicorn, clean_env
+
+APP = '''
+import asyncio, os
+
+import redis.asyncio as redis
+from fastapi import FastAPI
+
+from gym_concurrency.middleware import ConcurrencyLimitMiddleware
+
+witness = redis.from_url(os.environ["WITNESS_URL"])
+KEY = os.environ["WITNESS_KEY"]
+PEAK = """
+local now = redis.call('INCR', KEYS[1])
+if now > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], now) end
+return now
+"""
+app = FastAPI()
+
+
+@app.post("/run")
+async def run(hold: float = 0.05) -> dict[str, int]:
+    await witness.eval(PEAK, 2, KEY, KEY + ":peak")
+    try:
+        await asyncio.sleep(hold)
+    finally:
+        await witness.decr(KEY)
+    return {"pid": os.getpid()}
+
+
+@app.get("/health")
+async def health() -> dict[str, bool]:
+    return {"ok": True}
+
+
+app.add_middleware(ConcurrencyLimitMiddleware)  # settings from GYM_CONCURRENCY_*
+'''
+
+
+def route(limit: int, **fields: object) -> str:
+    return json.dumps([{"path": "/run", "limit_name": "shared_runs", "max_concurrent": limit,
+                        "scope": "global", "queue_timeout_seconds": 20, **fields}])
+
+
+class Servers:
+    """N uvicorn processes serving the witness app with the same limit settings."""
+
+    def __init__(
+        self, folder: Path, redis_url: str, key: str, count: int, witness_url: str = "", **env: str
+    ) -> None:
+        (folder / "witness_app.py").write_text(APP)
+        variables = clean_env(
+            WITNESS_URL=witness_url or redis_url, WITNESS_KEY=key,
+            GYM_CONCURRENCY_REDIS_URL=redis_url,
+            GYM_CONCURRENCY_COMPONENT=f"global_{key}", **env,
+        )
+        self._stack = ExitStack()
+        self.servers = [Uvicorn(folder, "witness_app:app", variables) for _ in range(count)]
+        for server in self.servers:
+            self._stack.callback(server.stop)
+        for server in self.servers:
+            server.wait_serving("/health")
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def peak(redis_server: RedisServer, key: str) -> int:
+    return int(redis_server.client().get(key + ":peak") or 0)
+
+
+async def post_all(urls: list[str], n: int, hold: float = 0.05) -> list[httpx.Response]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        return await asyncio.gather(
+            *(client.post(f"{urls[i % len(urls)]}/run", params={"hold": hold}) for i in range(n))
+        )
+
+
+@pytest.fixture
+def three(folder: Path, redis_server: RedisServer, key: str) -> Iterator[Servers]:
+    servers = Servers(folder, redis_server.url, key, 3, GYM_CONCURRENCY_ROUTES=route(4))
+    yield servers
+    servers.close()
+
+
+async def test_three_processes_never_hold_more_than_the_global_limit(
+    three: Servers, redis_server: RedisServer, key: str
+):
+    responses = await post_all([s.url for s in three.servers], 90)
+    assert [r.status_code for r in responses] == [200] * 90
+    assert len({r.json()["pid"] for r in responses}) == 3
+    assert peak(redis_server, key) == 4  # the limit was used to the full, never past it
+    assert int(redis_server.client().get(key) or 0) == 0
+
+
+async def test_a_killed_process_s_slots_pass_to_another_process_within_the_lease(
+    folder: Path, redis_server: RedisServer, key: str
+):
+    servers = Servers(folder, redis_server.url, key, 2, GYM_CONCURRENCY_ROUTES=route(2),
+                      GYM_CONCURRENCY_REDIS_LEASE_SECONDS="2")
+    try:
+        doomed, survivor = servers.servers
+        async with httpx.AsyncClient(timeout=30) as client:
+            held = [asyncio.create_task(client.post(f"{doomed.url}/run", params={"hold": 60}))
+                    for _ in range(2)]
+            deadline = time.monotonic() + 10
+            while peak(redis_server, key) < 2:
+                assert time.monotonic() < deadline, "the doomed process never held both slots"
+                await asyncio.sleep(0.05)
+            waiting = asyncio.create_task(client.post(f"{survivor.url}/run"))
+            await asyncio.sleep(0.5)
+            assert not waiting.done()  # the global limit is full
+            os.kill(doomed.process.pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            answer = await asyncio.wait_for(waiting, 15)
+            took = time.monotonic() - killed_at
+            for task in held:
+                task.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+        assert answer.status_code == 200
+        assert took < 2 + 1.5, f"{took:.2f} s after the kill (lease 2 s)"
+    finally:
+        servers.close()
+
+
+@pytest.mark.parametrize("mode", ["refuse", "local"])
+async def test_an_unreachable_redis_is_answered_by_redis_unavailable_then_recovers(
+    folder: Path, own_redis: RedisServer, redis_server: RedisServer, key: str, mode: str
+):
+    # The limit lives in `own_redis`, paused here; the witness in the session's Redis.
+    servers = Servers(folder, own_redis.url, key, 1, witness_url=redis_server.url,
+                      GYM_CONCURRENCY_ROUTES=route(2, local_max_concurrent=1),
+                      GYM_CONCURRENCY_REDIS_UNAVAILABLE=mode)
+    try:
+        (server,) = servers.servers
+        assert (await post_all([server.url], 4))[0].status_code == 200
+        own_redis.pause()
+        try:
+            answers = await post_all([server.url], 3)
+        finally:
+            own_redis.resume()
+        if mode == "refuse":
+            assert {r.status_code for r in answers} == {503}
+            body = answers[0].json()
+            assert body["type"] == "urn:gym-concurrency:limit-unavailable"
+            assert answers[0].headers["retry-after"] == "20"
+        else:
+            assert {r.status_code for r in answers} == {200}
+            assert peak(redis_server, key) <= 2
+        # Back without restarting anything: the global limit admits again.
+        deadline = time.monotonic() + 10
+        while True:
+            again = await post_all([server.url], 4)
+            if {r.status_code for r in again} == {200}:
+                break
+            assert time.monotonic() < deadline, [r.status_code for r in again]
+            await asyncio.sleep(0.2)
+    finally:
+        servers.close()
