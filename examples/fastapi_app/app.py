@@ -18,6 +18,7 @@ from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencySt
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .config import DemoConfig, load_concurrency_settings
+from .metrics_ports import parse_port_range, serve_on_a_free_port
 from .routes import router
 from .telemetry import Telemetry, configure_telemetry
 from .upstream import make_client
@@ -52,8 +53,12 @@ def create_app(config: DemoConfig | None = None, telemetry: Telemetry | None = N
     app.include_router(router)
     status_view = ConcurrencyStatusView(refresh_seconds=config.status_refresh_seconds)
     app.add_route("/concurrency", status_view, include_in_schema=False)
-    if telemetry.prometheus_registry is not None:
-        app.add_api_route("/metrics", _metrics_endpoint(telemetry.prometheus_registry),
+    registry = telemetry.prometheus_registry
+    if registry is not None and config.metrics_ports:
+        # Several workers share the app's port: each serves its own metrics port instead.
+        serve_on_a_free_port(registry, parse_port_range(config.metrics_ports), config.metrics_host)
+    elif registry is not None:
+        app.add_api_route("/metrics", _metrics_endpoint(registry),
                           methods=["GET"], include_in_schema=False)
     app.add_middleware(ConcurrencyLimitMiddleware, settings=settings,
                        meter_provider=telemetry.meter_provider)

@@ -27,6 +27,9 @@ class DemoConfig(BaseSettings):
     verifier_timeout_seconds: _Seconds = 5.0
     settings_file: Path = DEFAULT_SETTINGS_FILE
     status_refresh_seconds: _Seconds = 1.0
+    # One Prometheus port per process ("9464-9471"), for several workers; None: /metrics.
+    metrics_ports: str | None = None
+    metrics_host: str = "127.0.0.1"
 
 
 def load_concurrency_settings(path: Path) -> ConcurrencySettings:
