@@ -112,9 +112,9 @@ def test_fifo_across_processes_a_waiter_is_not_overtaken_by_a_later_one(
     workers: Workers,
 ) -> None:
     holder = workers.start("hold", "holder", 1, slots=1, options=FAST)
-    first = workers.start("wait", "a", 1, waiters=3, gap=0.2, hold=0.02, options=FAST)
+    first = workers.start("wait", "a", 1, waiters=3, gap=0.12, hold=0.02, options=FAST)
     second = workers.start(
-        "wait", "b", 1, waiters=3, gap=0.2, delay=0.1, hold=0.02, options=FAST
+        "wait", "b", 1, waiters=3, gap=0.12, delay=0.06, hold=0.02, options=FAST
     )
     workers.go(3)
     workers.wait_event("holding holder")
@@ -122,13 +122,13 @@ def test_fifo_across_processes_a_waiter_is_not_overtaken_by_a_later_one(
     while workers.client.llen(f"{workers.key}:arrivals") < 6:
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    time.sleep(0.1)
+    time.sleep(0.05)
     holder.kill()  # its slot passes on within the lease; then each waiter in turn
     workers.report(first)
     workers.report(second)
     arrivals = workers.client.lrange(f"{workers.key}:arrivals", 0, -1)
     admissions = workers.client.lrange(f"{workers.key}:admissions", 0, -1)
-    assert arrivals == ["a-0", "b-0", "a-1", "b-1", "a-2", "b-2"]  # 100 ms apart
+    assert arrivals == ["a-0", "b-0", "a-1", "b-1", "a-2", "b-2"]  # 60 ms apart
     assert admissions == arrivals
 
 
@@ -163,17 +163,17 @@ def test_a_chaos_soak_across_three_processes_reconciles_every_arrival(
     options = {"lease_seconds": 3.0, "redis_timeout": 0.25, "timeout": 0.4, "max_queue": 8}
     procs = [
         own_workers.start(
-            "soak", f"p{n}", limit, seconds=7.0, rate=80, seed=n, options=options,
+            "soak", f"p{n}", limit, seconds=5.0, rate=80, seed=n, options=options,
             witness_url=redis_server.url,  # not paused, not restarted
         )
         for n in range(3)
     ]
     own_workers.go(3)
-    time.sleep(2.0)
+    time.sleep(1.2)
     own_redis.pause()  # Redis stalls: admissions in that second are "unavailable"
     time.sleep(1.0)
     own_redis.resume()
-    time.sleep(1.5)
+    time.sleep(1.2)
     own_redis.restart()  # Redis loses everything: leases and waiters are re-registered
     reports = [own_workers.report(p, within=40) for p in procs]
     total = {"arrived": 0, "admitted": 0, "timeouts": 0, "cancelled": 0, "shed": 0,
@@ -191,7 +191,7 @@ def test_a_chaos_soak_across_three_processes_reconciles_every_arrival(
         for name, count in seen.items():
             total[name] += count
     assert max(r["max_witness"] for r in reports) <= limit
-    assert total["arrived"] > 1000
+    assert total["arrived"] > 700
     assert all(total.values()), total  # every way an admission ends happened
     assert own_workers.leftovers() == {"leases": 0, "queue": 0, "wexp": 0}
     print("soak", total)
