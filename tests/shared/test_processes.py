@@ -179,16 +179,17 @@ def test_a_chaos_soak_across_three_processes_reconciles_every_arrival(
     total = {"arrived": 0, "admitted": 0, "timeouts": 0, "cancelled": 0, "shed": 0,
              "unavailable": 0}
     for report in reports:
-        seen = report["outcomes"]
-        # Every arrival ended exactly one way, and the limit counted each failure once.
-        assert sum(seen.values()) == report["arrived"], report
-        assert report["counted"] == {
-            k: seen[k] for k in ("timeouts", "cancelled", "shed", "unavailable")
-        }, report
+        seen, counted = report["outcomes"], report["counted"]
+        assert sum(seen.values()) == report["arrived"], report  # each task ended one way
+        # Each arrival the limit did not admit it counted exactly once, by how its wait
+        # ended. (A task cancelled just as its wait timed out or was shed sees a
+        # cancellation; the limit counts the timeout or the shed, once.)
+        assert seen["admitted"] + sum(counted.values()) == report["arrived"], report
         assert report["active"] == 0
         assert report["queue_depth"] == 0
         total["arrived"] += report["arrived"]
-        for name, count in seen.items():
+        total["admitted"] += seen["admitted"]
+        for name, count in counted.items():
             total[name] += count
     assert max(r["max_witness"] for r in reports) <= limit
     assert total["arrived"] > 700
