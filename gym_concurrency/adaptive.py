@@ -24,8 +24,9 @@ work that would have been admitted waits in the queue meanwhile rather than bein
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
-from typing import Literal, Protocol
+from typing import ClassVar, Literal, Protocol
 
 __all__ = [
     "ALGORITHMS",
@@ -35,6 +36,7 @@ __all__ = [
     "Algorithm",
     "DrainRate",
     "GradientController",
+    "limiter_of",
     "make_controller",
 ]
 
@@ -64,6 +66,8 @@ class Resizable(Protocol):
 class AdaptiveController:
     """The window machinery both algorithms share: samples in, at most one decision per
     window out. Subclasses decide in `_decide` (a float estimate, clamped here)."""
+
+    algorithm: ClassVar[Algorithm]
 
     __slots__ = (
         "_baseline",
@@ -143,8 +147,8 @@ class AdaptiveController:
         """Record one finished piece of work (times in seconds on one clock; `inflight`: slots
         held as it finished, itself included). The new limit if it closed a window that moved
         the limit, else None."""
-        if started < self._changed_at:
-            return None  # admitted under an earlier limit
+        if started <= self._changed_at:
+            return None  # admitted under an earlier limit (or in the instant it changed)
         self._samples += 1
         if overload:
             self._overloads += 1
@@ -186,8 +190,10 @@ class AdaptiveController:
             estimate = self._decide(self._estimate, rtt, overloads / samples, in_use)
             estimate = min(float(self.max_limit), max(float(self.min_limit), estimate))
             if self._should_probe(now, estimate, rtt, overloads):
-                self._probing = estimate
-                estimate = estimate * self._probe_factor
+                # From the limit this window ran at (its growth waits): a probe relative to
+                # an estimate no window has tried yet could land past the knee.
+                self._probing = self._estimate
+                estimate = self._estimate * self._probe_factor
         return self._apply(estimate, now)
 
     def _should_probe(
@@ -250,6 +256,7 @@ class GradientController(AdaptiveController):
     """
 
     __slots__ = ("_ceiling",)
+    algorithm: ClassVar[Algorithm] = "gradient"
 
     def __init__(
         self,
@@ -300,6 +307,7 @@ class AimdController(AdaptiveController):
     `tolerance`) whose median latency exceeded `tolerance` times the baseline."""
 
     __slots__ = ("backoff",)
+    algorithm: ClassVar[Algorithm] = "aimd"
 
     def __init__(
         self,
@@ -371,7 +379,7 @@ class AdaptiveLimiter:
     """A controller driving a limit: `record()` each finished piece of work; the limit is
     resized when the controller moves it (held slots are never revoked)."""
 
-    __slots__ = ("controller", "limit", "on_change", "stopped")
+    __slots__ = ("__weakref__", "controller", "limit", "on_change", "stopped")
 
     def __init__(
         self,
@@ -383,6 +391,7 @@ class AdaptiveLimiter:
         self.controller = controller
         self.on_change = on_change  # (old, new), after the resize
         self.stopped = False
+        _LIMITERS[id(limit)] = self
         if limit.limit != controller.limit:
             limit.resize(controller.limit)
 
@@ -402,6 +411,18 @@ class AdaptiveLimiter:
     def stop(self) -> None:
         """Resize the limit no more (another controller, or none, drives it now)."""
         self.stopped = True
+
+
+# id(limit) -> the limiter driving it, for status views; held weakly (by whoever feeds it).
+_LIMITERS: weakref.WeakValueDictionary[int, AdaptiveLimiter] = weakref.WeakValueDictionary()
+
+
+def limiter_of(limit: object) -> AdaptiveLimiter | None:
+    """The live AdaptiveLimiter driving `limit`, if any (for status views)."""
+    limiter = _LIMITERS.get(id(limit))
+    if limiter is None or limiter.stopped or limiter.limit is not limit:
+        return None
+    return limiter
 
 
 class DrainRate:

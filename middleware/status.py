@@ -17,6 +17,7 @@ from starlette.datastructures import Headers, QueryParams
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from gym_concurrency.adaptive import limiter_of
 from gym_concurrency.observer import registered_semaphores
 from gym_concurrency.operations import operation_counts
 
@@ -53,6 +54,15 @@ def _limit_rows() -> list[dict[str, Any]]:
         row["timeouts"] += semaphore.admission_timeouts
         row["cancelled"] += semaphore.admission_cancelled
         row["shed"] += semaphore.admission_shed
+        limiter = limiter_of(semaphore)
+        if limiter is not None:  # a limit that moves: its bounds, and what it reads
+            controller = limiter.controller
+            baseline = controller.baseline
+            row["adaptive"] = {
+                "algorithm": controller.algorithm,
+                "min": controller.min_limit, "max": controller.max_limit,
+                "baseline_ms": None if baseline is None else round(baseline * 1000.0, 3),
+            }
     return list(rows.values())
 
 

@@ -96,12 +96,13 @@ async def test_overload_answers_and_exceptions_lower_the_limit_to_its_floor(
 
 
 async def test_healthy_answers_grow_a_used_limit_up_to_its_ceiling(component: str):
-    app, upstream = adaptive_app(component, max_concurrent=4, adaptive=ADAPTIVE)
-    upstream.latency = 0.05  # well above what the event loop itself adds at 48 in flight
+    bounds = {"min_concurrent": 2, "max_concurrent": 12}
+    app, upstream = adaptive_app(component, max_concurrent=4, adaptive=bounds)
+    upstream.latency = 0.05  # well above what the event loop itself adds at 24 in flight
     async with client_for(app) as client:
-        statuses = await flood(client, 1500, 48)
+        statuses = await flood(client, 800, 24)
     assert set(statuses) == {200}
-    assert limits_of(component)["upstream"].limit == 32  # the ceiling, never above
+    assert limits_of(component)["upstream"].limit == 12  # the ceiling, never above
 
 
 async def test_latency_rising_with_concurrency_holds_the_limit_near_the_knee(component: str):
