@@ -5,6 +5,7 @@ collection time, and `resources_operation` times limited work by queue wait, run
 outcome. Only the OpenTelemetry API is needed; an application sets up the SDK.
 """
 
+from .limit import Limit
 from .names import (
     ACTIVE_INSTRUMENT,
     ADMISSION_CANCELLED_INSTRUMENT,
@@ -34,6 +35,7 @@ from .names import (
 from .observer import observe_concurrency
 from .operations import ResourcesOperation, resources_operation
 from .semaphore import MeteredSemaphore, QueueFullError
+from .shared_limit import LimitUnavailableError, SharedLimit  # redis is imported on connect
 
 __all__ = [
     "ACTIVE_INSTRUMENT",
@@ -60,9 +62,12 @@ __all__ = [
     "QUEUE_DURATION_INSTRUMENT",
     "QUEUE_WAIT_INSTRUMENT",
     "SERVER_ATTRIBUTE",
+    "Limit",
+    "LimitUnavailableError",
     "MeteredSemaphore",
     "QueueFullError",
     "ResourcesOperation",
+    "SharedLimit",
     "observe_concurrency",
     "resources_operation",
 ]

@@ -249,6 +249,7 @@ class ConcurrencyLimits:
                 timeout=timeout,
                 max_queue=max_queue,
                 lease_seconds=settings.redis_lease_seconds,
+                redis_timeout=min(1.0, settings.redis_lease_seconds / 3),
                 redis_unavailable=settings.redis_unavailable,
                 local_max_concurrent=(config.local_max_concurrent or config.max_concurrent)
                 if local
