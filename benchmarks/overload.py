@@ -54,6 +54,7 @@ SDK_CONFIGS = ["none", "queue-deep", "q256-problem", "q0-problem"]
 # Refusals only happen past 64 clients, so the Connection: close variants skip 64.
 CLOSE_MIN_CONNECTIONS = 65
 SERVER_CPU, CLIENT_CPU = "0", "1"
+CLIENT_CPU_WARNING = 0.7  # cores: past this the client may be what limits a cell
 
 
 def free_port() -> int:
@@ -200,11 +201,11 @@ def connections_for(config: str, connections: list[int]) -> list[int]:
 
 class Pace:
     """Spreads the retry budget over the run: a cell may be measured again only while the run
-    is within 1.2x of the time the cells so far were estimated to take."""
+    is within 1.1x of the time the cells so far were estimated to take."""
 
     def __init__(self, estimate_s: float, cells: int) -> None:
         self.started = time.monotonic()
-        self.per_cell = 1.2 * estimate_s / max(1, cells)
+        self.per_cell = 1.1 * estimate_s / max(1, cells)
         self.done = 0
 
     def may_retry(self) -> bool:
@@ -410,6 +411,12 @@ def tables(summary: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> str:
             f"(max {row['loadgen_cpu_max']:.2f}) | {row['other_cpu']:.2f} "
             f"(max {row['other_cpu_max']:.2f}) |"
         )
+    busy_client = [r for r in summary if r["loadgen_cpu_max"] > CLIENT_CPU_WARNING]
+    if busy_client:
+        out += ["", f"**Warning**: the client used more than {CLIENT_CPU_WARNING} of its core in "
+                "these cells, so it may have limited them: "
+                + ", ".join(f"{r['group']} {r['config']} c={r['connections']} "
+                            f"({r['loadgen_cpu_max']:.2f})" for r in busy_client)]
     errors = {(r["group"], r["config"], r["connections"]): r["errors"] for r in summary
               if r["errors"]}
     if errors:
@@ -461,7 +468,7 @@ def main() -> None:
                         help="measure a cell again if other processes used more cores")
     parser.add_argument("--retries", type=int, default=2,
                         help="at most this many extra tries of a noisy cell, while the run keeps "
-                        "within 1.2x of its estimated time")
+                        "within 1.1x of its estimated time")
     parser.add_argument("--no-sdk", dest="sdk", action="store_false")
     parser.add_argument("--no-close", dest="close", action="store_false",
                         help="skip the Connection: close variants even if the setting exists")
@@ -495,7 +502,7 @@ def main() -> None:
                               + len(pairs) * 2.5)
     args.estimate = estimate
     print(f"source {source}; {len(pairs)} servers x {args.rounds} rounds, {n_cells} cells a "
-          f"round; about {estimate / 60:.1f} min (up to {1.2 * estimate / 60:.1f} min with "
+          f"round; about {estimate / 60:.1f} min (up to {1.1 * estimate / 60:.1f} min with "
           "retries of noisy cells)", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     workdir = Path("/tmp/gym_concurrency_overload")
