@@ -46,6 +46,9 @@ def _limit_rows() -> list[dict[str, Any]]:
                 "timeouts": 0, "cancelled": 0, "shed": 0,
                 "timeout_seconds": semaphore.timeout, "max_queue": semaphore.max_queue,
             }
+        if semaphore.scope == "global":  # one limit shared across processes: its global state
+            _add_global(row, semaphore)
+            continue
         # Semaphores with the same attributes are one limit, as in the metrics.
         row["limit"] += semaphore.limit
         row["active"] += semaphore.active
@@ -64,6 +67,21 @@ def _limit_rows() -> list[dict[str, Any]]:
                 "baseline_ms": None if baseline is None else round(baseline * 1000.0, 3),
             }
     return list(rows.values())
+
+
+def _add_global(row: dict[str, Any], limit: Any) -> None:
+    """A global limit's row: `limit` is the global size, `active` / `queue_depth` this
+    process's share, `global` the state across every process as last seen (no Redis call)."""
+    row["scope"] = "global"
+    row["limit"] = limit.limit
+    row["active"] += limit.active
+    row["queue_depth"] += limit.queue_depth
+    row["available"] = limit.available
+    row["global"] = {"active": limit.global_active, "queue_depth": limit.global_queue_depth,
+                     "connected": limit.connected}
+    for field, counter in (("timeouts", "admission_timeouts"), ("cancelled", "admission_cancelled"),
+                           ("shed", "admission_shed"), ("unavailable", "admission_unavailable")):
+        row[field] = row.get(field, 0) + getattr(limit, counter)
 
 
 def _operation_rows() -> list[dict[str, Any]]:

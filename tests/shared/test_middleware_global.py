@@ -25,7 +25,7 @@ import asyncio, os
 import redis.asyncio as redis
 from fastapi import FastAPI
 
-from gym_concurrency.middleware import ConcurrencyLimitMiddleware
+from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencyStatusView
 
 witness = redis.from_url(os.environ["WITNESS_URL"])
 KEY = os.environ["WITNESS_KEY"]
@@ -52,6 +52,7 @@ async def health() -> dict[str, bool]:
     return {"ok": True}
 
 
+app.add_route("/concurrency", ConcurrencyStatusView())
 app.add_middleware(ConcurrencyLimitMiddleware)  # settings from GYM_CONCURRENCY_*
 '''
 
@@ -134,6 +135,13 @@ async def test_a_killed_process_s_slots_pass_to_another_process_within_the_lease
             waiting = asyncio.create_task(client.post(f"{survivor.url}/run"))
             await asyncio.sleep(0.5)
             assert not waiting.done()  # the global limit is full
+            # The survivor's status view: the global state, and its own share of it.
+            rows = (await client.get(f"{survivor.url}/concurrency?format=json")).json()["limits"]
+            (row,) = [r for r in rows if r["limit_name"] == "shared_runs"]
+            assert (row["scope"], row["limit"], row["available"]) == ("global", 2, 0)
+            assert (row["active"], row["queue_depth"]) == (0, 1)  # this process's share
+            assert row["global"]["active"] == 2
+            assert row["global"]["queue_depth"] >= 1
             os.kill(doomed.process.pid, signal.SIGKILL)
             killed_at = time.monotonic()
             answer = await asyncio.wait_for(waiting, 15)
