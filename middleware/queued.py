@@ -85,17 +85,14 @@ class QueuedAdmission:
     ) -> None:
         """Refuse an HTTP request whose wait ended as it began (a full queue, an unreachable
         shared limit): no read of the client unless the episode profile needs its body."""
-        body = None
-        if route.failures.episode:
-            queued = QueuedRequest(receive, self.max_body_bytes, self.bodies)
-            try:
-                body = await queued.read_body(self.refusal_body_seconds)
-            finally:
-                queued.close()
-            if queued.disconnected:
-                return
-        with contextlib.suppress(OSError):  # the client left while we answered; nothing held
-            await route.failures.send(send, reason, body)  # type: ignore[arg-type]
+        if not route.failures.episode:
+            await self._refuse(route, reason, None, send)
+            return
+        queued = QueuedRequest(receive, self.max_body_bytes, self.bodies)
+        try:
+            await self._refuse(route, reason, queued, send)
+        finally:
+            queued.close()
 
     async def _wait(
         self,
@@ -135,10 +132,10 @@ class QueuedAdmission:
             route.limit.release()
 
     async def _refuse(
-        self, route: LimitedRoute, reason: Admission, queued: QueuedRequest, send: Send
+        self, route: LimitedRoute, reason: Admission, queued: QueuedRequest | None, send: Send
     ) -> None:
         body = None
-        if route.failures.episode:  # its body echoes the request's ids: read it, bounded
+        if queued is not None and route.failures.episode:  # it echoes the ids: read, bounded
             body = await queued.read_body(self.refusal_body_seconds)
             if queued.disconnected:
                 return
