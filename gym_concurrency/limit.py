@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Literal, Protocol
 
-__all__ = ["ADMISSION_RESULTS", "Admission", "Limit", "LimitScope"]
+__all__ = ["ADMISSION_RESULTS", "Admission", "Limit", "LimitScope", "wait_in_queue"]
 
 Admission = Literal["admitted", "timeout", "shed", "unavailable"]
 ADMISSION_RESULTS: frozenset[Admission] = frozenset({"admitted", "timeout", "shed", "unavailable"})
@@ -75,3 +75,14 @@ class Limit(Protocol):
     async def acquire(self) -> Literal[True]:
         """Take a slot, waiting in FIFO order; TimeoutError / QueueFullError / cancellation."""
         ...
+
+
+async def wait_in_queue(limit: Limit) -> Admission:
+    """Join `limit`'s queue and wait for how it ends; cancelled, leave the queue (a slot
+    handed over at that moment passes on) and re-raise."""
+    waiter = limit.enqueue()
+    try:
+        return await waiter
+    except asyncio.CancelledError:
+        limit.leave(waiter)
+        raise

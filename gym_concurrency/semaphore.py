@@ -9,7 +9,7 @@ from collections import OrderedDict
 from typing import Literal
 
 from . import observer
-from .limit import Admission, LimitScope
+from .limit import Admission, LimitScope, wait_in_queue
 
 __all__ = ["MeteredSemaphore", "QueueFullError"]
 
@@ -192,12 +192,7 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
             self.release()
 
     async def _wait(self) -> Literal[True]:
-        waiter = self.enqueue()
-        try:
-            result = await waiter
-        except asyncio.CancelledError:
-            self.leave(waiter)
-            raise
+        result = await wait_in_queue(self)
         if result == "admitted":
             return True
         if result == "shed":

@@ -24,7 +24,7 @@ from collections.abc import Coroutine, Iterator
 from typing import Any, Final, Literal, get_args
 
 from . import observer, shared_scripts
-from .limit import Admission, LimitScope
+from .limit import Admission, LimitScope, wait_in_queue
 from .semaphore import MeteredSemaphore, QueueFullError
 
 __all__ = ["LimitUnavailableError", "RedisUnavailable", "SharedLimit"]
@@ -370,12 +370,7 @@ class SharedLimit:
     async def acquire(self) -> Literal[True]:
         """Take a slot, waiting in FIFO order; raises TimeoutError, QueueFullError,
         LimitUnavailableError, or cancels (leaving the queue)."""
-        waiter = self.enqueue()
-        try:
-            result = await waiter
-        except asyncio.CancelledError:
-            self.leave(waiter)
-            raise
+        result = await wait_in_queue(self)
         if result == "admitted":
             return True
         if result == "shed":
