@@ -38,8 +38,10 @@ app = FastAPI()
 
 
 @app.post("/run")
-async def run(hold: float = 0.05) -> dict[str, int]:
+async def run(hold: float = 0.05, tag: str = "") -> dict[str, int]:
     await witness.eval(PEAK, 2, KEY, KEY + ":peak")
+    if tag:
+        await witness.rpush(KEY + ":order", tag)  # the order the global limit admitted in
     try:
         await asyncio.sleep(hold)
     finally:
@@ -155,6 +157,31 @@ async def test_a_killed_process_s_slots_pass_to_another_process_within_the_lease
         servers.close()
 
 
+async def test_waiters_in_different_processes_are_admitted_in_arrival_order(
+    folder: Path, redis_server: RedisServer, key: str
+):
+    servers = Servers(folder, redis_server.url, key, 3, GYM_CONCURRENCY_ROUTES=route(1))
+    try:
+        holder, first, second = servers.servers
+        async with httpx.AsyncClient(timeout=30) as client:
+            held = asyncio.create_task(client.post(f"{holder.url}/run", params={"hold": 1.5}))
+            deadline = time.monotonic() + 10
+            while peak(redis_server, key) < 1:
+                assert time.monotonic() < deadline, "the holder was never admitted"
+                await asyncio.sleep(0.02)
+            # Arrivals 0.3 s apart, alternating processes: admitted in that order.
+            waiting = []
+            for n, server in enumerate([second, first, second, first]):
+                waiting.append(asyncio.create_task(
+                    client.post(f"{server.url}/run", params={"tag": str(n), "hold": 0.02})))
+                await asyncio.sleep(0.3)
+            answers = await asyncio.gather(held, *waiting)
+        assert [a.status_code for a in answers] == [200] * 5
+        assert redis_server.client().lrange(key + ":order", 0, -1) == ["0", "1", "2", "3"]
+    finally:
+        servers.close()
+
+
 @pytest.mark.parametrize("mode", ["refuse", "local"])
 async def test_an_unreachable_redis_is_answered_by_redis_unavailable_then_recovers(
     folder: Path, own_redis: RedisServer, redis_server: RedisServer, key: str, mode: str
@@ -187,5 +214,41 @@ async def test_an_unreachable_redis_is_answered_by_redis_unavailable_then_recove
                 break
             assert time.monotonic() < deadline, [r.status_code for r in again]
             await asyncio.sleep(0.2)
+    finally:
+        servers.close()
+
+
+async def test_a_restarted_redis_leaves_no_slot_lost_or_phantom(
+    folder: Path, own_redis: RedisServer, redis_server: RedisServer, key: str
+):
+    # Redis restarts empty while two processes hold slots: the held work is re-registered,
+    # the limit admits again without restarting any server, and at the end no lease is left.
+    servers = Servers(folder, own_redis.url, key, 2, witness_url=redis_server.url,
+                      GYM_CONCURRENCY_ROUTES=route(2), GYM_CONCURRENCY_REDIS_LEASE_SECONDS="3")
+    leases = "gym_concurrency:{shared_runs}:leases"  # the limit's lease set in Redis
+    try:
+        urls = [s.url for s in servers.servers]
+        async with httpx.AsyncClient(timeout=30) as client:
+            held = [asyncio.create_task(client.post(f"{url}/run", params={"hold": 2}))
+                    for url in urls]
+            deadline = time.monotonic() + 10
+            while own_redis.client().zcard(leases) < 2:
+                assert time.monotonic() < deadline, "the two holders never held leases"
+                await asyncio.sleep(0.05)
+            own_redis.restart(down_seconds=0.5)
+            answers = await asyncio.gather(*held)
+        assert [a.status_code for a in answers] == [200, 200]
+        deadline = time.monotonic() + 15
+        while True:
+            again = await post_all(urls, 20)
+            if {r.status_code for r in again} == {200}:
+                break
+            assert time.monotonic() < deadline, [r.status_code for r in again]
+            await asyncio.sleep(0.2)
+        assert peak(redis_server, key) <= 2
+        deadline = time.monotonic() + 10
+        while own_redis.client().zcard(leases):
+            assert time.monotonic() < deadline, "a lease was left behind"
+            await asyncio.sleep(0.1)
     finally:
         servers.close()
