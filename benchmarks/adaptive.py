@@ -254,18 +254,33 @@ def mean_limit(cell: dict[str, Any], start: float, end: float) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-RECOVERY_WINDOW = 5.0  # seconds of goodput averaged when judging recovery
-
-
-def recovery(cell: dict[str, Any], halve_at: float, target: float, end: float) -> float | None:
-    """Seconds after the halving from which goodput over every 5 s window (stepping 0.5 s) to
-    the end of the run is within 10% of `target`: recovered, and staying so."""
-    starts = [halve_at + 0.5 * i for i in range(int((end - RECOVERY_WINDOW - halve_at) / 0.5) + 1)]
-    good = [goodput(cell, t, t + RECOVERY_WINDOW) >= 0.9 * target for t in starts]
-    for index in range(len(starts)):
-        if all(good[index:]):
-            return starts[index] - halve_at
-    return None
+def recovery(cell: dict[str, Any], halve_at: float, target: float, end: float
+             ) -> dict[str, float | None]:
+    """How goodput came back after the knee halved, against `target` (the new best static
+    limit's goodput): `seconds`, from the halving until goodput over 2 s is within 10% of the
+    target again after it first fell below in the 10 s after the halving (0 if it did not
+    fall), or None if it never came back; and from then to the end of
+    the run: the mean ratio to the target and the lowest and the share within 10% of its
+    5-second windows (stepping 1 s)."""
+    seconds = [goodput(cell, t, t + 1) for t in range(int(end))]
+    start = int(halve_at)
+    # The fall the halving causes comes at once (in flight, the old knee's latency): a dip
+    # later than 10 s is the new steady state's noise, judged by the figures after recovery.
+    dipped = next((t for t in range(start, min(start + 10, int(end) - 1))
+                   if (seconds[t] + seconds[t + 1]) / 2 < 0.9 * target), None)
+    back: int | None = start
+    if dipped is not None:
+        back = next((t for t in range(dipped, int(end) - 1)
+                     if (seconds[t] + seconds[t + 1]) / 2 >= 0.9 * target), None)
+    if back is None:
+        return {"seconds": None, "mean_after": None, "min_5s_after": None,
+                "share_5s_within_10pct": None}
+    windows = [sum(seconds[t:t + 5]) / 5 / target for t in range(back, int(end) - 4)]
+    mean_after = sum(seconds[back:]) / max(1, len(seconds) - back) / target
+    return {"seconds": float(back - start), "mean_after": mean_after,
+            "min_5s_after": min(windows) if windows else None,
+            "share_5s_within_10pct": sum(w >= 0.9 for w in windows) / len(windows)
+            if windows else None}
 
 
 def per_second(cell: dict[str, Any], end: float) -> list[list[float]]:
@@ -334,7 +349,11 @@ def summarize(rounds: list[list[dict[str, Any]]], args: argparse.Namespace) -> d
             for key in found[0]:
                 if key == "name":
                     continue
-                if key == "recovery_seconds":
+                if key == "after_recovery":
+                    row[key] = {k: (None if any(f[key][k] is None for f in found)
+                                    else _median([f[key][k] for f in found]))
+                                for k in found[0][key]}
+                elif key == "recovery_seconds":
                     values = [f[key] for f in found]
                     row[key] = None if None in values else _median(values)
                 else:
@@ -374,7 +393,9 @@ def summarize_round(cells: list[dict[str, Any]], args: argparse.Namespace) -> di
     statics_h = [r for r, c in zip(rows_h, halve, strict=True) if not c["config"].get("algorithm")]
     best_new = max(statics_h, key=lambda r: r["goodput_after"])
     for r, c in zip(rows_h, halve, strict=True):
-        r["recovery_seconds"] = recovery(c, at, best_new["goodput_after"], end_h)
+        came_back = recovery(c, at, best_new["goodput_after"], end_h)
+        r["recovery_seconds"] = came_back["seconds"]
+        r["after_recovery"] = {k: v for k, v in came_back.items() if k != "seconds"}
     goals = {}
     for algorithm in ("gradient", "aimd"):
         row = next((r for r in rows_s if r["name"] == algorithm), None)
@@ -385,10 +406,16 @@ def summarize_round(cells: list[dict[str, Any]], args: argparse.Namespace) -> di
             "steady_goodput_ratio": row["goodput"] / best["goodput"],
             "steady_p99_ratio": row["p99"] / best["p99"],
             "halve_recovery_seconds": row_h["recovery_seconds"],
+            "halve_min_5s_after_recovery": row_h["after_recovery"]["min_5s_after"],
+            "halve_share_5s_within_10pct": row_h["after_recovery"]["share_5s_within_10pct"],
             "halve_goodput_after_ratio": row_h["goodput_after"] / best_new["goodput_after"],
         }
     return {"steady": rows_s, "best_static": best["name"], "halve": rows_h,
             "best_static_after_halving": best_new["name"], "goals": goals}
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def report(summary: dict[str, Any], title: str = "") -> str:
@@ -411,13 +438,16 @@ def report(summary: dict[str, Any], title: str = "") -> str:
     lines += ["", f"Best static after halving: {summary['best_static_after_halving']}.", "",
               f"### Goals{title}", "",
               "| algorithm | steady goodput / best static (>= 0.9) | steady p99 / best static "
-              "(<= 1.5) | recovery after halving (< 10 s) | goodput after / new best static |",
-              "| --- | ---: | ---: | ---: | ---: |"]
+              "(<= 1.5) | recovery after halving (< 10 s) | goodput after / new best static | "
+              "lowest 5 s after recovery | 5 s windows within 10% |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for algorithm, g in summary["goals"].items():
         rec = g["halve_recovery_seconds"]
         lines.append(f"| {algorithm} | {g['steady_goodput_ratio']:.3f} | "
                      f"{g['steady_p99_ratio']:.3f} | {'never' if rec is None else f'{rec:.1f} s'}"
-                     f" | {g['halve_goodput_after_ratio']:.3f} |")
+                     f" | {g['halve_goodput_after_ratio']:.3f} | "
+                     f"{_fmt(g['halve_min_5s_after_recovery'])} | "
+                     f"{_fmt(g['halve_share_5s_within_10pct'])} |")
     return "\n".join(lines)
 
 
