@@ -234,6 +234,9 @@ async def run(port: int, connections: int, warmup: float, seconds: float,
     server1 = _proc_cpu_seconds(server_pid) if server_pid else None
     machine1 = machine_busy_seconds()
     open_at_end = len(generator.open)
+    # Requests still unanswered when the window ends never reach the percentiles above: a
+    # server that starves some clients looks fast. Their ages are reported as well.
+    ages = sorted(wall1 - c.sent for c in generator.open if c.in_flight)
     generator.stop()
     await asyncio.sleep(0.05)  # let the transports close
     window = wall1 - wall0
@@ -258,6 +261,11 @@ async def run(port: int, connections: int, warmup: float, seconds: float,
         "reconnects": stats.reconnects,
         "errors": stats.errors,
         "open_connections": [open_at_start, open_at_end],
+        "unanswered_at_end": {
+            "count": len(ages),
+            "p50_age_ms": percentile(ages, 0.50) * 1000 if ages else 0.0,
+            "max_age_ms": ages[-1] * 1000 if ages else 0.0,
+        },
         "loadgen_cpu": (cpu1 - cpu0) / window,
         "machine_cpu": (machine1 - machine0) / window,  # cores busy, every process
     }
