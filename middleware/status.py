@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import math
 from importlib import resources
 from typing import Any
@@ -23,6 +24,7 @@ from gym_concurrency.operations import operation_counts
 
 __all__ = ["ConcurrencyStatusView", "status_snapshot"]
 
+_log = logging.getLogger(__name__)
 _LimitKey = tuple[str, str, str | None]
 _MIN_REFRESH_SECONDS = 0.2
 _MAX_REFRESH_SECONDS = 3600.0
@@ -36,52 +38,61 @@ def status_snapshot() -> dict[str, Any]:
 
 def _limit_rows() -> list[dict[str, Any]]:
     rows: dict[_LimitKey, dict[str, Any]] = {}
-    for semaphore in registered_semaphores():
-        key = (str(semaphore.component), str(semaphore.limit_name), semaphore.server)
+    for limit in registered_semaphores():
+        try:
+            reading = _reading(limit)
+        except Exception:  # one limit that cannot be read must not take the view down
+            _log_unreadable(limit)
+            continue
+        key = (reading["component"], reading["limit_name"], reading["server"])
         row = rows.get(key)
         if row is None:
-            row = rows[key] = {
-                "component": key[0], "limit_name": key[1], "server": key[2],
-                "limit": 0, "active": 0, "available": 0, "queue_depth": 0,
-                "timeouts": 0, "cancelled": 0, "shed": 0,
-                "timeout_seconds": semaphore.timeout, "max_queue": semaphore.max_queue,
-            }
-        if semaphore.scope == "global":  # one limit shared across processes: its global state
-            _add_global(row, semaphore)
-            continue
-        # Semaphores with the same attributes are one limit, as in the metrics.
-        row["limit"] += semaphore.limit
-        row["active"] += semaphore.active
-        row["available"] += semaphore.available
-        row["queue_depth"] += semaphore.queue_depth
-        row["timeouts"] += semaphore.admission_timeouts
-        row["cancelled"] += semaphore.admission_cancelled
-        row["shed"] += semaphore.admission_shed
-        limiter = limiter_of(semaphore)
-        if limiter is not None:  # a limit that moves: its bounds, and what it reads
-            controller = limiter.controller
-            baseline = controller.baseline
-            row["adaptive"] = {
-                "algorithm": controller.algorithm,
-                "min": controller.min_limit, "max": controller.max_limit,
-                "baseline_ms": None if baseline is None else round(baseline * 1000.0, 3),
-            }
+            rows[key] = reading
+        elif reading.get("scope") != "global":  # same attributes: one limit, as in the metrics
+            for field in _SUMMED:
+                row[field] += reading[field]
     return list(rows.values())
 
 
-def _add_global(row: dict[str, Any], limit: Any) -> None:
-    """A global limit's row: `limit` is the global size, `active` / `queue_depth` this
-    process's share, `global` the state across every process as last seen (no Redis call)."""
-    row["scope"] = "global"
-    row["limit"] = limit.limit
-    row["active"] += limit.active
-    row["queue_depth"] += limit.queue_depth
-    row["available"] = limit.available
-    row["global"] = {"active": limit.global_active, "queue_depth": limit.global_queue_depth,
-                     "connected": limit.connected}
-    for field, counter in (("timeouts", "admission_timeouts"), ("cancelled", "admission_cancelled"),
-                           ("shed", "admission_shed"), ("unavailable", "admission_unavailable")):
-        row[field] = row.get(field, 0) + getattr(limit, counter)
+_SUMMED = ("limit", "active", "available", "queue_depth", "timeouts", "cancelled", "shed")
+
+
+def _reading(limit: Any) -> dict[str, Any]:
+    """One limit's row, read in full before it joins the snapshot (a failing read raises)."""
+    row: dict[str, Any] = {
+        "component": str(limit.component), "limit_name": str(limit.limit_name),
+        "server": limit.server,
+        "limit": limit.limit, "active": limit.active, "available": limit.available,
+        "queue_depth": limit.queue_depth, "timeouts": limit.admission_timeouts,
+        "cancelled": limit.admission_cancelled, "shed": limit.admission_shed,
+        "timeout_seconds": limit.timeout, "max_queue": limit.max_queue,
+    }
+    if limit.scope == "global":
+        # `limit` is the global size, `active` / `queue_depth` this process's share, `global`
+        # the state across every process as last seen (numbers kept in process: no Redis call).
+        row["scope"] = "global"
+        row["global"] = {"active": limit.global_active, "queue_depth": limit.global_queue_depth,
+                         "connected": limit.connected}
+        row["unavailable"] = limit.admission_unavailable
+    limiter = limiter_of(limit)
+    if limiter is not None:  # a limit that moves: its bounds, and what it reads
+        controller = limiter.controller
+        baseline = controller.baseline
+        row["adaptive"] = {
+            "algorithm": controller.algorithm,
+            "min": controller.min_limit, "max": controller.max_limit,
+            "baseline_ms": None if baseline is None else round(baseline * 1000.0, 3),
+        }
+    return row
+
+
+_unreadable_logged: set[int] = set()
+
+
+def _log_unreadable(limit: object) -> None:
+    if id(limit) not in _unreadable_logged:
+        _unreadable_logged.add(id(limit))
+        _log.exception("gym_concurrency: the status view cannot read %r; leaving it out", limit)
 
 
 def _operation_rows() -> list[dict[str, Any]]:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from typing import Any
 
 import httpx
 import pytest
-from gym_concurrency.middleware.status import ConcurrencyStatusView
+from gym_concurrency.middleware.status import ConcurrencyStatusView, status_snapshot
 from starlette.applications import Starlette
 from starlette.routing import Route
 
@@ -128,3 +129,22 @@ async def test_bad_requests_are_refused_naming_what_was_wrong(request_line: str,
 def test_a_refresh_interval_out_of_bounds_is_refused_at_construction():
     with pytest.raises(ValueError, match=r"refresh_seconds must be between 0\.2 and 3600"):
         ConcurrencyStatusView(refresh_seconds=0.01)
+
+
+def test_a_limit_that_cannot_be_read_is_left_out_and_the_rest_still_shows(
+    caplog: pytest.LogCaptureFixture,
+):
+    class Broken(MeteredSemaphore):
+        @property
+        def active(self) -> int:
+            raise RuntimeError("broken reading")
+
+    broken = Broken(1, component="view_broken", limit_name="b")
+    fine = MeteredSemaphore(3, component="view_fine", limit_name="f")
+    with caplog.at_level(logging.ERROR, logger="gym_concurrency.middleware.status"):
+        rows = {r["component"]: r for r in status_snapshot()["limits"]}
+        status_snapshot()
+    assert "view_broken" not in rows
+    assert rows["view_fine"]["limit"] == fine.limit
+    assert len([r for r in caplog.records if "cannot read" in r.getMessage()]) == 1
+    del broken
