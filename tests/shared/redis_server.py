@@ -26,7 +26,8 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server process owned by a test (or a test session)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *args: str, password: str | None = None) -> None:
+        """`args`: more redis-server options; `password`: its `requirepass`."""
         binary = shutil.which("redis-server")
         if binary is None:  # never a skip: scripts/install-system-deps installs it
             raise RuntimeError(
@@ -35,6 +36,8 @@ class RedisServer:
             )
         self.binary = binary
         self.directory = directory
+        self.args = [*args, *(("--requirepass", password) if password else ())]
+        self.password = password
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen[bytes] | None = None
@@ -52,6 +55,7 @@ class RedisServer:
                 "--dir", str(self.directory),
                 "--daemonize", "no",
                 "--protected-mode", "yes",
+                *self.args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -73,7 +77,8 @@ class RedisServer:
 
     def client(self) -> redis.Redis:
         return redis.Redis(
-            host="127.0.0.1", port=self.port, decode_responses=True, socket_timeout=5
+            host="127.0.0.1", port=self.port, decode_responses=True, socket_timeout=5,
+            password=self.password,
         )
 
     def pause(self) -> None:

@@ -1,0 +1,71 @@
+"""What one fault run measured, the summary line each test prints, and the settings the
+fault tests share (short leases, so that CI runs ten of each in a few minutes)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+import redis
+
+# The lease of every limit in the fault tests (s): short, so that 10x the lease stays short.
+LEASE = float(os.environ.get("GYM_FAULT_LEASE", "0.8"))
+# A multiple of each test's runs (the default: 10 runs of each fault the goals name).
+SCALE = float(os.environ.get("GYM_FAULT_SCALE", "1"))
+FAST = {"lease_seconds": LEASE, "redis_timeout": round(LEASE / 4, 3)}
+# Multiples of the lease for stalls and pauses (0.5x to 10x).
+MULTIPLES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 10.0)
+CONFIGURATION_KEYS = ("limit", "configured")  # a limit's own settings, kept when all stop
+
+
+def runs(count: int) -> int:
+    return max(1, round(count * SCALE))
+
+
+def multiples(count: int = 10) -> list[float]:
+    """`count` multiples spread over 0.5x to 10x (all ten at the default scale)."""
+    count = runs(count)
+    return [MULTIPLES[round(i * (len(MULTIPLES) - 1) / max(1, count - 1))] for i in range(count)]
+
+
+@dataclass
+class Run:
+    fault: str
+    detail: str
+    peak: int
+    over_seconds: float
+    recovered_seconds: float | None  # from the fault's end to the limit full again
+
+    @property
+    def over(self) -> bool:
+        return self.over_seconds > 0
+
+
+def summary(fault: str, limit: int, rows: list[Run]) -> str:
+    """One line per test, also appended to $GYM_FAULT_REPORT (JSON lines) if set."""
+    over = [r for r in rows if r.over]
+    recovered = [r.recovered_seconds for r in rows if r.recovered_seconds is not None]
+    line = (
+        f"{fault}: {len(over)} of {len(rows)} runs over the limit of {limit}"
+        + (f" (peak {max(r.peak for r in over)}, longest {max(r.over_seconds for r in over):.2f} s)"
+           if over else "")
+        + (f"; full again within {max(recovered):.2f} s" if recovered else "")
+        + f"; lease {LEASE} s"
+    )
+    path = os.environ.get("GYM_FAULT_REPORT")
+    if path:
+        with open(path, "a") as out:
+            record = {"fault": fault, "limit": limit, "lease": LEASE,
+                      "runs": [asdict(r) for r in rows], "line": line}
+            out.write(json.dumps(record) + "\n")
+    print(line)
+    return line
+
+
+def leftover_keys(client: redis.Redis) -> list[str]:
+    """Keys left in the limit's Redis but its configuration (every process has stopped)."""
+    return sorted(
+        k for k in client.keys("*")
+        if k.rsplit(":", 1)[-1] not in CONFIGURATION_KEYS
+    )

@@ -1,0 +1,71 @@
+"""Redis paused (SIGSTOP) for 0.5x to 10x the lease while one process holds every slot and
+another's clients queue, in both `redis_unavailable` modes: Redis's clock jumps, but no lease
+expires for the time Redis itself was stopped, so once it answers again it grants nothing
+while the holders already fill the limit (with `local`, the fallback's holders are
+registered as leases first). Full again within 2 leases after."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.shared.faults.fleet import Fleet, unreconciled
+from tests.shared.faults.runs import FAST, LEASE, Run, leftover_keys, multiples, summary
+from tests.shared.faults.witness import Witness
+from tests.shared.redis_server import RedisServer
+
+HOLD = [0.03, 0.08]
+LOCAL_MAX = 1
+
+
+@pytest.mark.parametrize("mode", ["refuse", "local"])
+def test_a_paused_redis_expires_no_lease_for_the_time_it_was_stopped(
+    fleet: Fleet, witness: Witness, store: RedisServer, mode: str
+) -> None:
+    limit = 3
+    options: dict[str, object] = dict(FAST, redis_unavailable=mode)
+    if mode == "local":
+        options["local_max_concurrent"] = LOCAL_MAX
+    holder = fleet.start("holder", store.url, limit, **options)
+    waiting = fleet.start("waiting", store.url, limit, **options)
+    waiting.ask("demand", clients=limit + 1, hold=HOLD)
+    windows = []
+    for multiple in multiples():
+        assert holder.ask("hold", slots=limit) == {"held": limit}
+        start = witness.mark(f"pause {multiple}x")
+        store.pause()
+        time.sleep(multiple * LEASE)
+        store.resume()
+        resumed = witness.mark(f"pause {multiple}x resumed")
+        time.sleep(LEASE)  # the holder's work goes on after Redis is back
+        holder.ask("release")
+        end = witness.mark(f"pause {multiple}x end")
+        time.sleep(2 * LEASE)
+        windows.append((multiple, start, resumed, end))
+    finals = fleet.stop()
+
+    timeline = witness.timeline()
+    rows = []
+    for multiple, start, resumed, end in windows:
+        if mode == "refuse":
+            over = timeline.over(limit, start, end + 2 * LEASE)
+            seconds = sum(i.seconds for i in over)
+            peak = max([i.peak for i in over], default=limit)
+        else:  # the fallback admits by design while Redis is away; Redis itself must not
+            bad = timeline.grants_over(limit, resumed, end + 2 * LEASE)
+            seconds = float(len(bad))  # (grants made with the limit already full)
+            peak = timeline.peak(resumed, end + 2 * LEASE) if bad else limit
+        full = timeline.full_again(limit, end)
+        rows.append(Run("pause", f"{multiple}x", peak, seconds,
+                        None if full is None else full - end))
+    line = summary(f"Redis paused 0.5-10x the lease, redis_unavailable={mode}", limit, rows)
+    assert [r for r in rows if r.over] == [], line
+    assert all(r.recovered_seconds is not None and r.recovered_seconds <= 2 * LEASE
+               for r in rows), rows
+    if mode == "local":  # while Redis was away, each process stayed within its fallback
+        for _, start, resumed, _ in windows:
+            assert len(timeline.entries("waiting", start, resumed, how="f")) > 0
+            assert timeline.peak(start, resumed) <= limit + 2 * LOCAL_MAX
+    assert unreconciled(finals) == []
+    assert leftover_keys(store.client()) == []

@@ -1,0 +1,62 @@
+"""Redis restarted empty (no persistence) while one process holds every slot and another's
+clients queue, then either a process that never talked to Redis starts (join) or a connected
+one calls `resize()` with the same size: whoever finds the limit's state missing starts a
+grace period in which nothing is granted while the holder re-registers its leases, so the
+witness never sees more holders than the limit; full again within 2 leases after."""
+
+from __future__ import annotations
+
+import time
+
+from tests.shared.faults.fleet import Fleet, unreconciled
+from tests.shared.faults.runs import FAST, LEASE, Run, leftover_keys, runs, summary
+from tests.shared.faults.witness import Witness
+from tests.shared.redis_server import RedisServer
+
+HOLD = [0.03, 0.08]
+
+
+def test_a_restart_then_a_join_or_a_resize_never_admits_over_the_limit(
+    fleet: Fleet, witness: Witness, store: RedisServer
+) -> None:
+    limit = 4
+    holder = fleet.start("holder", store.url, limit, **FAST)
+    waiting = fleet.start("waiting", store.url, limit, **FAST)
+    waiting.ask("demand", clients=limit, hold=HOLD)
+    windows = []
+    for run in range(runs(10)):
+        way = ("join", "resize")[run % 2]
+        assert holder.ask("hold", slots=limit) == {"held": limit}
+        if way == "join":  # started now, connected only once Redis is back (empty)
+            newcomer = fleet.start(f"new{run}", store.url, limit, connect=False, **FAST)
+        start = witness.mark(f"restart {run} ({way})")
+        store.restart(down_seconds=0.1)
+        if way == "join":
+            assert newcomer.ask("connect") == {"connected": True}
+            newcomer.ask("demand", clients=limit, hold=HOLD)
+        else:
+            waiting.ask("resize", size=limit)
+        time.sleep(1.5 * LEASE)  # the holder's work goes on past Redis's return
+        holder.ask("release")
+        end = witness.mark(f"restart {run} end")
+        time.sleep(2 * LEASE)
+        if way == "join":
+            newcomer.stop()
+        windows.append((way, start, end))
+    finals = fleet.stop()
+
+    timeline = witness.timeline()
+    rows = []
+    for way, start, end in windows:
+        over = timeline.over(limit, start, end + 2 * LEASE)
+        full = timeline.full_again(limit, end)
+        rows.append(Run(
+            "restart", way, max([i.peak for i in over], default=limit),
+            sum(i.seconds for i in over), None if full is None else full - end,
+        ))
+    line = summary("Redis restarted empty, then a join or a resize", limit, rows)
+    assert [r for r in rows if r.over] == [], line
+    assert all(r.recovered_seconds is not None and r.recovered_seconds <= 2 * LEASE
+               for r in rows), rows
+    assert unreconciled(finals) == []
+    assert leftover_keys(store.client()) == []
