@@ -73,8 +73,8 @@ class Servers:
         (folder / "witness_app.py").write_text(APP)
         variables = clean_env(
             WITNESS_URL=witness_url or redis_url, WITNESS_KEY=key,
-            GYM_CONCURRENCY_REDIS_URL=redis_url,
-            GYM_CONCURRENCY_COMPONENT=f"global_{key}", **env,
+            **{"GYM_CONCURRENCY_REDIS_URL": redis_url,
+               "GYM_CONCURRENCY_COMPONENT": f"global_{key}", **env},
         )
         self._stack = ExitStack()
         self.servers = [Uvicorn(folder, "witness_app:app", variables) for _ in range(count)]
