@@ -17,8 +17,13 @@ from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gym_concurrency.adaptive import AdaptiveController, AdaptiveLimiter, DrainRate, make_controller
-from gym_concurrency.limit import Limit
+from gym_concurrency.limits import Limit
+from gym_concurrency.limits.adaptive import (
+    AdaptiveController,
+    AdaptiveLimiter,
+    DrainRate,
+    make_controller,
+)
 
 from .settings import RouteLimit
 

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 from opentelemetry.metrics import MeterProvider
 
 from gym_concurrency import MeteredSemaphore, observe_concurrency
-from gym_concurrency.adaptive import AdaptiveLimiter, DrainRate
-from gym_concurrency.limit import Limit
+from gym_concurrency.limits import Limit
+from gym_concurrency.limits.adaptive import AdaptiveLimiter, DrainRate
 
 if TYPE_CHECKING:
-    from gym_concurrency.shared_limit import SharedLimit
+    from gym_concurrency import SharedLimit
 from gym_concurrency.names import (
     ADMISSION_OUTCOME_ATTRIBUTE,
     ADMISSION_OUTCOMES,
@@ -236,7 +236,7 @@ class ConcurrencyLimits:
             timeout, max_queue = config.timeout_seconds, None
         settings = self.settings
         if config.scope == "global":
-            from gym_concurrency.shared_limit import SharedLimit  # the [redis] extra
+            from gym_concurrency import SharedLimit  # the [redis] extra
 
             assert settings.redis_url is not None  # checked by the settings
             local = settings.redis_unavailable == "local"

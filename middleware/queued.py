@@ -16,7 +16,7 @@ from typing import Literal
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gym_concurrency.limit import Admission
+from gym_concurrency.limits import Admission
 
 from .body import QueuedBodies, QueuedRequest, QueuedWebsocket
 from .limits import LimitedRoute

@@ -18,8 +18,8 @@ from starlette.datastructures import Headers, QueryParams
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from gym_concurrency.adaptive import limiter_of
-from gym_concurrency.observer import registered_semaphores
+from gym_concurrency.limits import registered_limits
+from gym_concurrency.limits.adaptive import limiter_of
 from gym_concurrency.operations import operation_counts
 
 __all__ = ["ConcurrencyStatusView", "status_snapshot"]
@@ -38,7 +38,7 @@ def status_snapshot() -> dict[str, Any]:
 
 def _limit_rows() -> list[dict[str, Any]]:
     rows: dict[_LimitKey, dict[str, Any]] = {}
-    for limit in registered_semaphores():
+    for limit in registered_limits():
         try:
             reading = _reading(limit)
         except Exception:  # one limit that cannot be read must not take the view down

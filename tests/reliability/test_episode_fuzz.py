@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gym_concurrency import MeteredSemaphore
-from gym_concurrency.observer import registered_semaphores
+from gym_concurrency.limits import registered_limits
 from tests.servers import UvicornServer, wait_until
 
 MAX_BODY = 16 * 1024
@@ -164,7 +164,7 @@ def held_server() -> Iterator[tuple[UvicornServer, dict[str, MeteredSemaphore]]]
     component = f"episode_fuzz_{uuid.uuid4().hex[:8]}"
     release = threading.Event()
     with UvicornServer(episode_app(component, release)) as server:
-        limits = {str(s.limit_name): s for s in registered_semaphores()
+        limits = {str(s.limit_name): s for s in registered_limits()
                   if s.component == component}
         holders = [
             threading.Thread(target=httpx.post, args=(server.url + path,),

@@ -32,7 +32,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.view import Aggregation
 
 from gym_concurrency import MeteredSemaphore, observe_concurrency
-from gym_concurrency.observer import registered_semaphores
+from gym_concurrency.limits import registered_limits
 from tests.servers import UvicornServer, free_port
 
 HOLD_SECONDS = 0.1
@@ -93,7 +93,7 @@ def limited_app(component: str, provider: MeterProvider) -> FastAPI:
 
 
 def the_limit(component: str) -> MeteredSemaphore:
-    return next(s for s in registered_semaphores() if s.component == component)
+    return next(s for s in registered_limits() if s.component == component)
 
 
 async def drive(url: str) -> dict[str, int]:

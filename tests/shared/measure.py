@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gym_concurrency.shared_limit import SharedLimit
+from gym_concurrency import SharedLimit
 from tests.shared.redis_server import RedisServer
 
 
@@ -38,18 +38,18 @@ async def round_trips(url: str, admissions: int) -> dict[str, float]:
     limit = SharedLimit(4, redis_url=url, key="rt")
     await limit.connect()
     calls: dict[str, int] = {}
-    call = limit._call
+    call = limit._store._call
 
     async def counted(script: str, args: list[Any]) -> list[Any]:
         calls[script] = calls.get(script, 0) + 1
         return await call(script, args)
 
-    limit._call = counted  # type: ignore[method-assign]
+    limit._store._call = counted  # type: ignore[method-assign]
     started = time.perf_counter()
     for _ in range(admissions):
         assert await limit.enqueue() == "admitted"
         limit.release()
-        while limit._background:
+        while limit._sync.background:
             await asyncio.sleep(0)
     elapsed = time.perf_counter() - started
     await limit.close()

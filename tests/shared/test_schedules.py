@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gym_concurrency.limit import Admission
+from gym_concurrency.limits import Admission
 from tests.shared.helpers import Limits, held_ids, leases, queued, settle
 from tests.shared.redis_server import RedisServer
 

@@ -24,8 +24,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from gym_concurrency import QueueFullError
-from gym_concurrency.shared_limit import LimitUnavailableError, SharedLimit
+from gym_concurrency import LimitUnavailableError, QueueFullError, SharedLimit
 
 
 async def main(config: dict[str, Any]) -> dict[str, Any]:
@@ -43,7 +42,7 @@ async def main(config: dict[str, Any]) -> dict[str, Any]:
     await client.blpop([f"{config['key']}:go"], timeout=30)
     role = ROLES[config["role"]]
     report = await role(limit, client, witness, config)
-    while limit._background:  # noqa: ASYNC110 - every release has reached Redis
+    while limit._sync.background:  # noqa: ASYNC110 - every release has reached Redis
         await asyncio.sleep(0.01)
     report.update(
         name=config["name"],
