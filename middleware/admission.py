@@ -1,4 +1,4 @@
-"""ConcurrencyLimitMiddleware: admit each request on a limited route through its semaphore,
+"""ConcurrencyLimitMiddleware: admit each request on a limited route through its limit,
 hold the slot for the whole app call, or answer with the route's failure profile.
 
 One request, top to bottom: scope -> route table -> admit (or fail) -> app -> release.
@@ -70,7 +70,6 @@ class ConcurrencyLimitMiddleware:
         self.limits = ConcurrencyLimits(self.settings, meter_provider)
         self._recorder = QueueWaitRecorder(meter_provider)
         self._queued = QueuedAdmission(
-            app,
             self._recorder,
             max_body_bytes=self.settings.max_queued_body_bytes,
             bodies=QueuedBodies(self.settings.max_queued_body_bytes_total),
@@ -105,13 +104,12 @@ class ConcurrencyLimitMiddleware:
         app = self.app if feedback is None else feedback
         if not limit.try_acquire():
             waiter = limit.enqueue()
-            if waiter.done() and scope_type == "http":  # refused as it arrived
-                self._record_no_wait(route, waiter.result())
-                await self._queued.refuse_at_once(route, waiter.result(), receive, send)
+            result = waiter.result() if waiter.done() else None
+            if result is not None and result != "admitted" and scope_type == "http":
+                self._record_no_wait(route, result)  # refused as it arrived
+                await self._queued.refuse_at_once(route, result, receive, send)
             else:  # it waits: read the client meanwhile
-                queued = self._queued if feedback is None else feedback.queued
-                assert queued is not None
-                await queued(route, waiter, scope, receive, send)
+                await self._queued(app, route, waiter, scope, receive, send)
             return
         try:  # the slot is held from here on: nothing may come between taking and `try`
             # A free slot and nobody waiting: taken at once, so the wait recorded is zero.
@@ -243,19 +241,9 @@ class ConcurrencyLimitMiddleware:
         return changes
 
     def _bind(self, limits: ConcurrencyLimits) -> None:
-        """Give each feedback the app to call and its own queued path, calling it."""
-        queued = self._queued
+        """Give each feedback the app to call."""
         for feedback in limits.feedbacks():
-            feedback.bind(
-                self.app,
-                QueuedAdmission(
-                    feedback,
-                    self._recorder,
-                    max_body_bytes=queued.max_body_bytes,
-                    bodies=queued.bodies,
-                    refusal_body_seconds=queued.refusal_body_seconds,
-                ),
-            )
+            feedback.bind(self.app)
 
     async def _misconfigured(self, scope: Scope, send: Send) -> None:
         # Without lifespan there is no start to fail: every request says what is wrong.

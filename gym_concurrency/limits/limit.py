@@ -135,6 +135,14 @@ class Limit(Protocol):
         LimitUnavailableError, or cancellation (leaving the queue)."""
         ...
 
+    async def __aenter__(self) -> None:
+        """`acquire()`."""
+        ...
+
+    async def __aexit__(self, *exc: object) -> None:
+        """`release()`."""
+        ...
+
 
 async def wait_in_queue(limit: Limit) -> Admission:
     """Join `limit`'s queue and wait for how it ends; cancelled, leave the queue (a slot

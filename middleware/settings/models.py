@@ -91,7 +91,7 @@ class AdaptiveLimit(NumbersAreNumbers):
 class RouteLimit(NumbersAreNumbers):
     """A concurrency limit on one route (its declared path template), optionally per method.
 
-    Routes naming the same `limit_name` share one semaphore, so they must agree on its size,
+    Routes naming the same `limit_name` share one limit, so they must agree on its size,
     queue timeout and queue bound.
     """
 
@@ -280,7 +280,7 @@ def _check_shared_route_limits(routes: list[RouteLimit]) -> None:
                     f"routes.{index}.{field}: limit_name {route.limit_name!r} is shared with "
                     f"routes.{first_index} ({other.path}), which sets {field}={theirs!r}, but "
                     f"this route ({route.path}) sets {mine!r}; routes sharing a limit_name "
-                    "share one semaphore and must agree on it"
+                    "share one limit and must agree on it"
                 )
 
 
@@ -334,6 +334,6 @@ def _check_operation_names(operations: list[OperationLimit], routes: list[RouteL
         if name in route_names:
             raise ValueError(
                 f"operations.{index}.limit_name: {name!r} is also a route limit_name; "
-                "operation and route limits are separate semaphores and need distinct names"
+                "operation and route limits are separate limits and need distinct names"
             )
         seen.add(name)
