@@ -167,7 +167,8 @@ class ConcurrencyLimitMiddleware:
             if not await limit.connect():
                 _log.warning(
                     "gym_concurrency: limit %r: its Redis cannot be reached; admissions are "
-                    "%s until it can", limit.limit_name,
+                    "%s until it can",
+                    limit.limit_name,
                     "refused" if self.settings.redis_unavailable == "refuse" else "local",
                 )
 
@@ -218,8 +219,9 @@ class ConcurrencyLimitMiddleware:
                 "from another thread, use loop.call_soon_threadsafe(middleware.reload, settings)"
             ) from None
         if self._config_error is not None:
-            raise ConcurrencyConfigError(f"cannot reload a misconfigured middleware: "
-                                         f"{self._config_error}")
+            raise ConcurrencyConfigError(
+                f"cannot reload a misconfigured middleware: {self._config_error}"
+            )
         limits = ConcurrencyLimits(settings, self.limits.meter_provider, previous=self.limits)
         table = None
         if self._routed_app is not None:

@@ -173,7 +173,8 @@ def _refresh_seconds(raw: str | None, default: float) -> float | str:
     except ValueError:
         value = math.nan
     if not (_MIN_REFRESH_SECONDS <= value <= _MAX_REFRESH_SECONDS):
-        return (f"refresh must be a number of seconds between {_MIN_REFRESH_SECONDS} and "
-                f"{_MAX_REFRESH_SECONDS}, got {raw!r}")
+        return (
+            f"refresh must be a number of seconds between {_MIN_REFRESH_SECONDS} and "
+            f"{_MAX_REFRESH_SECONDS}, got {raw!r}"
+        )
     return value
-

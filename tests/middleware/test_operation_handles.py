@@ -109,4 +109,3 @@ async def test_getting_a_handle_needs_no_worker_thread(component: str):
         release.set()
         limiter.total_tokens = tokens
     assert response.json() == {"active": 1}
-

@@ -102,12 +102,19 @@ async def test_limits_can_be_added_removed_and_made_adaptive(component: str):
     both = ConcurrencySettings(
         component=component,
         routes=[
-            RouteLimit(path="/run", limit_name="episodes", max_concurrent=2,
-                       adaptive={"min_concurrent": 1, "max_concurrent": 8}),
+            RouteLimit(
+                path="/run",
+                limit_name="episodes",
+                max_concurrent=2,
+                adaptive={"min_concurrent": 1, "max_concurrent": 8},
+            ),
             RouteLimit(path="/other", limit_name="other", max_concurrent=5),
         ],
-        operations=[OperationLimit(limit_name="judge", operation="judge", executor="inline",
-                                   max_concurrent=3)],
+        operations=[
+            OperationLimit(
+                limit_name="judge", operation="judge", executor="inline", max_concurrent=3
+            )
+        ],
     )
     changes = reload_settings(app, both)
     assert changes == [
@@ -116,7 +123,9 @@ async def test_limits_can_be_added_removed_and_made_adaptive(component: str):
         "operation limit 'judge' added: 3",
     ]
     assert {n: s.limit for n, s in limits_of(component).items()} == {
-        "episodes": 2, "other": 5, "judge": 3
+        "episodes": 2,
+        "other": 5,
+        "judge": 3,
     }
     middleware = concurrency_middleware(app)
     feedback = middleware.limits.routes[0].feedback
@@ -221,11 +230,13 @@ def test_sighup_reloads_the_settings_file_in_a_real_server(tmp_path: Path, compo
     limits_file = tmp_path / "limits.yaml"
 
     def write(size: int) -> None:
-        limits_file.write_text(textwrap.dedent(f"""
+        limits_file.write_text(
+            textwrap.dedent(f"""
             component: {component}
             routes:
               - {{path: /run, limit_name: episodes, max_concurrent: {size}}}
-        """))
+        """)
+        )
 
     write(4)
     env = clean_env(LIMITS_FILE=str(limits_file))

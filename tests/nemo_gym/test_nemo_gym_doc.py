@@ -52,9 +52,7 @@ def example(marker: str) -> dict[str, Any]:
 
 def limit_of(server_name: str, limit_name: str) -> MeteredSemaphore:
     [limit] = [
-        s
-        for s in registered_limits()
-        if s.server == server_name and s.limit_name == limit_name
+        s for s in registered_limits() if s.server == server_name and s.limit_name == limit_name
     ]
     return limit
 

@@ -73,9 +73,7 @@ async def settle(*limits: SharedLimit, within: float = 3.0) -> None:
     await asyncio.sleep(0.02)
 
 
-async def wait_for(
-    condition: Callable[[], bool], within: float, what: str = "condition"
-) -> float:
+async def wait_for(condition: Callable[[], bool], within: float, what: str = "condition") -> float:
     """Wait until `condition()` holds; the seconds it took."""
     started = time.monotonic()
     while not condition():
@@ -83,4 +81,3 @@ async def wait_for(
             raise AssertionError(f"{what} not reached within {within} s")
         await asyncio.sleep(0.01)
     return time.monotonic() - started
-

@@ -92,9 +92,7 @@ def handoffs(url: str, rounds: int) -> dict[str, float]:
     results = [out.get(timeout=120) for _ in procs]
     for p in procs:
         p.join()
-    merged = sorted(
-        (at, who, kind) for who, events in enumerate(results) for kind, at in events
-    )
+    merged = sorted((at, who, kind) for who, events in enumerate(results) for kind, at in events)
     gaps = []
     for (at, who, kind), (next_at, next_who, next_kind) in itertools.pairwise(merged):
         if kind == "release" and next_kind == "admit" and next_who != who:
@@ -171,9 +169,7 @@ async def waiters(
     for p in procs:
         p.join()
     await holder.close()
-    cpu = sum(
-        float(cpu_after[k]) - float(cpu_before[k]) for k in ("used_cpu_sys", "used_cpu_user")
-    )
+    cpu = sum(float(cpu_after[k]) - float(cpu_before[k]) for k in ("used_cpu_sys", "used_cpu_user"))
     admitted = sorted(t for times in results for t in times if begin <= t <= end)
     gaps = [(b - a) * 1e6 for a, b in itertools.pairwise(admitted)]
     return {
@@ -202,9 +198,7 @@ def main() -> None:
                 "redis_used_memory_empty_bytes": empty,
                 "round_trips": asyncio.run(round_trips(server.url, 1000)),
                 "handoff": handoffs(server.url, args.handoffs),
-                "waiters": [
-                    asyncio.run(waiters(server, int(n))) for n in args.waiters.split(",")
-                ],
+                "waiters": [asyncio.run(waiters(server, int(n))) for n in args.waiters.split(",")],
             }
         finally:
             server.stop()

@@ -78,9 +78,7 @@ async def test_local_admits_within_the_fallback_while_redis_is_paused(
     on_own: Limits, own_redis: RedisServer
 ) -> None:
     client = own_redis.client()
-    limit = on_own(
-        4, redis_unavailable="local", local_max_concurrent=2, timeout=0.6, **OUTAGE
-    )
+    limit = on_own(4, redis_unavailable="local", local_max_concurrent=2, timeout=0.6, **OUTAGE)
     assert await limit.enqueue() == "admitted"  # a lease in Redis
     lease = held_ids(limit)
 
@@ -146,9 +144,7 @@ async def test_after_a_redis_restart_leases_and_waiters_are_re_registered(
     assert c.admission_unavailable == (1 if mode == "refuse" else 2)
     await restart  # everything in Redis is gone
     await back(a, b, c)
-    await wait_for(
-        lambda: client.zcard(a.redis_keys["leases"]) >= 2, 2.0, "leases re-registered"
-    )
+    await wait_for(lambda: client.zcard(a.redis_keys["leases"]) >= 2, 2.0, "leases re-registered")
     await settle(a, b, c)
     assert leases(client, a) | set(queued(client, a)) >= held_ids(a) | set(waiter_id)
     assert client.get(a.redis_keys["limit"]) == "2"  # the size, restored

@@ -53,8 +53,11 @@ URL = "redis://127.0.0.1:6379/0"
         ({"redis_timeout": "1"}, TypeError, "redis_timeout"),
         ({"redis_unavailable": "queue"}, ValueError, "redis_unavailable"),
         ({"redis_unavailable": "local"}, ValueError, "local_max_concurrent"),
-        ({"redis_unavailable": "local", "local_max_concurrent": -1}, ValueError,
-         "local_max_concurrent"),
+        (
+            {"redis_unavailable": "local", "local_max_concurrent": -1},
+            ValueError,
+            "local_max_concurrent",
+        ),
         ({"local_max_concurrent": 2}, ValueError, "local_max_concurrent"),
         ({"redis_url": "http://127.0.0.1:6379"}, ValueError, "redis_url"),
         ({"key": "a{b}"}, ValueError, "key"),
@@ -409,8 +412,13 @@ async def test_the_observer_reports_a_global_limit_with_its_scope_and_no_redis_c
 ) -> None:
     observe_concurrency(metrics.provider)
     shared = SharedLimit(
-        4, redis_url=redis_server.url, component="obs_shared", limit_name=key, max_queue=5,
-        lease_seconds=1.5, redis_timeout=0.3,
+        4,
+        redis_url=redis_server.url,
+        component="obs_shared",
+        limit_name=key,
+        max_queue=5,
+        lease_seconds=1.5,
+        redis_timeout=0.3,
     )
     other = SharedLimit(
         4, redis_url=redis_server.url, key=key, lease_seconds=1.5, redis_timeout=0.3
@@ -426,8 +434,11 @@ async def test_the_observer_reports_a_global_limit_with_its_scope_and_no_redis_c
         await settle(shared, other)
         await shared._sync.sync()  # this process's view of the global state, refreshed
         global_attrs = frozenset(
-            {COMPONENT_ATTRIBUTE: "obs_shared", LIMIT_NAME_ATTRIBUTE: key,
-             SCOPE_ATTRIBUTE: "global"}.items()
+            {
+                COMPONENT_ATTRIBUTE: "obs_shared",
+                LIMIT_NAME_ATTRIBUTE: key,
+                SCOPE_ATTRIBUTE: "global",
+            }.items()
         )
         local_attrs = frozenset(
             {COMPONENT_ATTRIBUTE: "obs_shared", LIMIT_NAME_ATTRIBUTE: "local"}.items()
@@ -436,9 +447,12 @@ async def test_the_observer_reports_a_global_limit_with_its_scope_and_no_redis_c
             found = {
                 name: metrics.values(name)
                 for name in (
-                    CONCURRENCY_LIMIT_INSTRUMENT, CONCURRENCY_ACTIVE_INSTRUMENT,
-                    CONCURRENCY_AVAILABLE_INSTRUMENT, QUEUE_DEPTH_INSTRUMENT,
-                    ADMISSION_SHED_INSTRUMENT, ADMISSION_UNAVAILABLE_INSTRUMENT,
+                    CONCURRENCY_LIMIT_INSTRUMENT,
+                    CONCURRENCY_ACTIVE_INSTRUMENT,
+                    CONCURRENCY_AVAILABLE_INSTRUMENT,
+                    QUEUE_DEPTH_INSTRUMENT,
+                    ADMISSION_SHED_INSTRUMENT,
+                    ADMISSION_UNAVAILABLE_INSTRUMENT,
                 )
             }
         assert probe.calls == []  # plain numbers kept in process

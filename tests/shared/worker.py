@@ -34,9 +34,7 @@ async def main(config: dict[str, Any]) -> dict[str, Any]:
     witness_url = config.get("witness_url", config["url"])
     witness = aioredis.Redis.from_url(witness_url, decode_responses=True)
     options = config.get("options", {})
-    limit = SharedLimit(
-        config["limit"], redis_url=config["url"], key=config["key"], **options
-    )
+    limit = SharedLimit(config["limit"], redis_url=config["url"], key=config["key"], **options)
     await limit.connect()
     await client.rpush(f"{config['key']}:ready", config["name"])
     await client.blpop([f"{config['key']}:go"], timeout=30)
@@ -162,9 +160,7 @@ async def soak(
     tasks = []
     started = time.monotonic()
     while time.monotonic() - started < config["seconds"]:
-        task = asyncio.create_task(
-            one(rng.uniform(0.0, 0.03), rng.choice(("enqueue", "acquire")))
-        )
+        task = asyncio.create_task(one(rng.uniform(0.0, 0.03), rng.choice(("enqueue", "acquire"))))
         tasks.append(task)
         if rng.random() < 0.2:  # the client goes away, queued or not
             asyncio.get_running_loop().call_later(rng.uniform(0, 0.1), task.cancel)
