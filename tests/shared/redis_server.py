@@ -48,13 +48,20 @@ class RedisServer:
         self.process = subprocess.Popen(
             [
                 self.binary,
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--dir", str(self.directory),
-                "--daemonize", "no",
-                "--protected-mode", "yes",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "yes",
                 *self.args,
             ],
             stdout=log,
@@ -77,7 +84,10 @@ class RedisServer:
 
     def client(self) -> redis.Redis:
         return redis.Redis(
-            host="127.0.0.1", port=self.port, decode_responses=True, socket_timeout=5,
+            host="127.0.0.1",
+            port=self.port,
+            decode_responses=True,
+            socket_timeout=5,
             password=self.password,
         )
 

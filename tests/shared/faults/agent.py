@@ -62,7 +62,7 @@ class Agent:
         await self.record(keys=[LOG], args=[delta, who or self.name, how])
 
     def how(self) -> str:
-        """"f" if the slot just admitted came from the local fallback (Redis is away)."""
+        """ "f" if the slot just admitted came from the local fallback (Redis is away)."""
         return "r" if self.limit.connected else "f"
 
     async def take(self, who: str | None = None) -> str | None:
@@ -152,7 +152,7 @@ class Agent:
         await self.release()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10):
-                while self.limit._background:  # every release has been sent
+                while self.limit._sync.background:  # every release has been sent
                     await asyncio.sleep(0.01)
         await self.limit.close()
         return self.counts()

@@ -69,18 +69,34 @@ class Fleet:
         self.agents: dict[str, AgentProcess] = {}
 
     def start(
-        self, name: str, url: str, limit: int, *, connect: bool = True, wait: bool = True,
+        self,
+        name: str,
+        url: str,
+        limit: int,
+        *,
+        connect: bool = True,
+        wait: bool = True,
         **options: Any,
     ) -> AgentProcess:
         config = {
-            "name": name, "url": url, "witness_url": self.witness.url, "key": self.key,
-            "limit": limit, "options": options, "connect": connect, "seed": len(self.agents),
+            "name": name,
+            "url": url,
+            "witness_url": self.witness.url,
+            "key": self.key,
+            "limit": limit,
+            "options": options,
+            "connect": connect,
+            "seed": len(self.agents),
         }
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         log = open(self.folder / f"agent-{name}.log", "w")  # noqa: SIM115 - the agent keeps it
         process = subprocess.Popen(
             [sys.executable, "-m", "tests.shared.faults.agent", json.dumps(config)],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
         )
         log.close()
         agent = AgentProcess(self, name, process)

@@ -48,16 +48,24 @@ def summary(fault: str, limit: int, rows: list[Run]) -> str:
     recovered = [r.recovered_seconds for r in rows if r.recovered_seconds is not None]
     line = (
         f"{fault}: {len(over)} of {len(rows)} runs over the limit of {limit}"
-        + (f" (peak {max(r.peak for r in over)}, longest {max(r.over_seconds for r in over):.2f} s)"
-           if over else "")
+        + (
+            f" (peak {max(r.peak for r in over)}, longest {max(r.over_seconds for r in over):.2f} s)"
+            if over
+            else ""
+        )
         + (f"; full again within {max(recovered):.2f} s" if recovered else "")
         + f"; lease {LEASE} s"
     )
     path = os.environ.get("GYM_FAULT_REPORT")
     if path:
         with open(path, "a") as out:
-            record = {"fault": fault, "limit": limit, "lease": LEASE,
-                      "runs": [asdict(r) for r in rows], "line": line}
+            record = {
+                "fault": fault,
+                "limit": limit,
+                "lease": LEASE,
+                "runs": [asdict(r) for r in rows],
+                "line": line,
+            }
             out.write(json.dumps(record) + "\n")
     print(line)
     return line
@@ -65,7 +73,4 @@ def summary(fault: str, limit: int, rows: list[Run]) -> str:
 
 def leftover_keys(client: redis.Redis) -> list[str]:
     """Keys left in the limit's Redis but its configuration (every process has stopped)."""
-    return sorted(
-        k for k in client.keys("*")
-        if k.rsplit(":", 1)[-1] not in CONFIGURATION_KEYS
-    )
+    return sorted(k for k in client.keys("*") if k.rsplit(":", 1)[-1] not in CONFIGURATION_KEYS)

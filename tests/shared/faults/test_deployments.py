@@ -37,10 +37,22 @@ async def run_both(a: Servers, b: Servers, count_a: int, count_b: int) -> list[f
 async def test_two_components_with_the_same_limit_name_have_a_limit_each(
     tmp_path: Path, store: RedisServer, redis_server: RedisServer, key: str
 ) -> None:
-    team_a = Servers(tmp_path, store.url, f"{key}a", 1, witness_url=redis_server.url,
-                     GYM_CONCURRENCY_ROUTES=route(6))
-    team_b = Servers(tmp_path, store.url, f"{key}b", 1, witness_url=redis_server.url,
-                     GYM_CONCURRENCY_ROUTES=route(2))  # started last
+    team_a = Servers(
+        tmp_path,
+        store.url,
+        f"{key}a",
+        1,
+        witness_url=redis_server.url,
+        GYM_CONCURRENCY_ROUTES=route(6),
+    )
+    team_b = Servers(
+        tmp_path,
+        store.url,
+        f"{key}b",
+        1,
+        witness_url=redis_server.url,
+        GYM_CONCURRENCY_ROUTES=route(2),
+    )  # started last
     try:
         took = await run_both(team_a, team_b, 6, 2)
     finally:
@@ -54,12 +66,26 @@ async def test_a_key_prefix_separates_deployments_of_one_component(
     tmp_path: Path, store: RedisServer, redis_server: RedisServer, key: str
 ) -> None:
     common = {"GYM_CONCURRENCY_COMPONENT": "same_component"}
-    blue = Servers(tmp_path, store.url, f"{key}blue", 1, witness_url=redis_server.url,
-                   GYM_CONCURRENCY_ROUTES=route(3), GYM_CONCURRENCY_REDIS_KEY_PREFIX="blue",
-                   **common)
-    green = Servers(tmp_path, store.url, f"{key}green", 1, witness_url=redis_server.url,
-                    GYM_CONCURRENCY_ROUTES=route(3), GYM_CONCURRENCY_REDIS_KEY_PREFIX="green",
-                    **common)
+    blue = Servers(
+        tmp_path,
+        store.url,
+        f"{key}blue",
+        1,
+        witness_url=redis_server.url,
+        GYM_CONCURRENCY_ROUTES=route(3),
+        GYM_CONCURRENCY_REDIS_KEY_PREFIX="blue",
+        **common,
+    )
+    green = Servers(
+        tmp_path,
+        store.url,
+        f"{key}green",
+        1,
+        witness_url=redis_server.url,
+        GYM_CONCURRENCY_ROUTES=route(3),
+        GYM_CONCURRENCY_REDIS_KEY_PREFIX="green",
+        **common,
+    )
     try:
         took = await run_both(blue, green, 3, 3)
     finally:

@@ -55,11 +55,10 @@ def test_a_wrong_or_missing_password_fails_the_start(
     right.ask("release")
 
 
-def test_a_redis_without_the_limit_s_commands_fails_the_start(
-    fleet: Fleet, tmp_path: Path
-) -> None:
-    server = RedisServer(tmp_path, "--rename-command", "EVALSHA", "", "--rename-command",
-                         "EVAL", "")
+def test_a_redis_without_the_limit_s_commands_fails_the_start(fleet: Fleet, tmp_path: Path) -> None:
+    server = RedisServer(
+        tmp_path, "--rename-command", "EVALSHA", "", "--rename-command", "EVAL", ""
+    )
     try:
         agent = fleet.start("a", server.url, 2, connect=False, **FAST)
         failed_start(agent.ask("connect"), server.port, "unknown command")
@@ -73,14 +72,39 @@ def tls(tmp_path: Path) -> Iterator[tuple[RedisServer, int, Path]]:
     plain one: (server, TLS port, the certificate)."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
     )
     port = free_port()
-    server = RedisServer(tmp_path, "--tls-port", str(port), "--tls-cert-file", str(cert),
-                         "--tls-key-file", str(key), "--tls-auth-clients", "no")
+    server = RedisServer(
+        tmp_path,
+        "--tls-port",
+        str(port),
+        "--tls-cert-file",
+        str(cert),
+        "--tls-key-file",
+        str(key),
+        "--tls-auth-clients",
+        "no",
+    )
     yield server, port, cert
     server.stop()
 
@@ -131,8 +155,7 @@ def test_a_wrong_password_fails_the_server_s_start_naming_the_url(
     locked: RedisServer, tmp_path: Path
 ) -> None:
     (tmp_path / "locked_app.py").write_text(APP)
-    routes = ('[{"path": "/run", "limit_name": "runs", "max_concurrent": 2, '
-              '"scope": "global"}]')
+    routes = '[{"path": "/run", "limit_name": "runs", "max_concurrent": 2, "scope": "global"}]'
     env = clean_env(
         GYM_CONCURRENCY_REDIS_URL=f"redis://:wrong-password@127.0.0.1:{locked.port}/0",
         GYM_CONCURRENCY_ROUTES=routes,

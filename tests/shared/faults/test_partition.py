@@ -51,8 +51,15 @@ def test_a_process_cut_off_longer_than_its_lease_admits_nothing_new(
     for mode, start, healed, done, lost, lost_before in windows:
         over = timeline.over(limit, start, done + 2 * LEASE)
         full = timeline.full_again(limit, done)
-        rows.append(Run("partition", mode, max([i.peak for i in over], default=limit),
-                        sum(i.seconds for i in over), None if full is None else full - done))
+        rows.append(
+            Run(
+                "partition",
+                mode,
+                max([i.peak for i in over], default=limit),
+                sum(i.seconds for i in over),
+                None if full is None else full - done,
+            )
+        )
         # Over only by the holders it had when cut off: without them, never over.
         if timeline.over(limit, start, done + 2 * LEASE, exclude={"cut.hold": limit}):
             wrong.append(f"{mode}: over the limit beyond the cut-off holders")
@@ -65,7 +72,8 @@ def test_a_process_cut_off_longer_than_its_lease_admits_nothing_new(
     line = summary("one process cut off for 2x the lease (blackhole / drop / reset)", limit, rows)
     print("\n".join(wrong))
     assert wrong == [], line
-    assert all(r.recovered_seconds is not None and r.recovered_seconds <= 2 * LEASE
-               for r in rows), (line, rows)
+    assert all(
+        r.recovered_seconds is not None and r.recovered_seconds <= 2 * LEASE for r in rows
+    ), (line, rows)
     assert unreconciled(finals) == []
     assert leftover_keys(store.client()) == []

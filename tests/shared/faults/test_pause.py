@@ -66,12 +66,14 @@ def test_a_paused_redis_expires_no_lease_for_the_time_it_was_stopped(
             seconds = sum(i.seconds for i in over) if bad else 0.0
             peak = max([i.peak for i in over], default=limit + 1) if bad else limit
         full = timeline.full_again(limit, end)
-        rows.append(Run("pause", f"{multiple}x", peak, seconds,
-                        None if full is None else full - end))
+        rows.append(
+            Run("pause", f"{multiple}x", peak, seconds, None if full is None else full - end)
+        )
     line = summary(f"Redis paused 0.5-10x the lease, redis_unavailable={mode}", limit, rows)
     assert [r for r in rows if r.over] == [], line
-    assert all(r.recovered_seconds is not None and r.recovered_seconds <= 2 * LEASE
-               for r in rows), rows
+    assert all(
+        r.recovered_seconds is not None and r.recovered_seconds <= 2 * LEASE for r in rows
+    ), rows
     if mode == "local":  # while Redis was away, each process stayed within its fallback
         for _, start, resumed, _ in windows:
             assert len(timeline.entries("arriving", start, resumed, how="f")) > 0

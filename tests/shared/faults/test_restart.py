@@ -50,13 +50,19 @@ def test_a_restart_then_a_join_or_a_resize_never_admits_over_the_limit(
     for way, start, end in windows:
         over = timeline.over(limit, start, end + 2 * LEASE)
         full = timeline.full_again(limit, end)
-        rows.append(Run(
-            "restart", way, max([i.peak for i in over], default=limit),
-            sum(i.seconds for i in over), None if full is None else full - end,
-        ))
+        rows.append(
+            Run(
+                "restart",
+                way,
+                max([i.peak for i in over], default=limit),
+                sum(i.seconds for i in over),
+                None if full is None else full - end,
+            )
+        )
     line = summary("Redis restarted empty, then a join or a resize", limit, rows)
     assert [r for r in rows if r.over] == [], line
-    assert all(r.recovered_seconds is not None and r.recovered_seconds <= 2 * LEASE
-               for r in rows), rows
+    assert all(
+        r.recovered_seconds is not None and r.recovered_seconds <= 2 * LEASE for r in rows
+    ), rows
     assert unreconciled(finals) == []
     assert leftover_keys(store.client()) == []

@@ -36,13 +36,19 @@ def test_a_blocked_event_loop_keeps_its_leases(
     for multiple, start, end in windows:
         over = timeline.over(limit, start, end + 2 * LEASE)
         full = timeline.full_again(limit, end)
-        rows.append(Run(
-            "stall", f"{multiple}x", max([i.peak for i in over], default=limit),
-            sum(i.seconds for i in over), None if full is None else full - end,
-        ))
+        rows.append(
+            Run(
+                "stall",
+                f"{multiple}x",
+                max([i.peak for i in over], default=limit),
+                sum(i.seconds for i in over),
+                None if full is None else full - end,
+            )
+        )
     line = summary("event loop blocked 0.5-10x the lease", limit, rows)
     assert [r for r in rows if r.over] == [], line
-    assert all(r.recovered_seconds is not None and r.recovered_seconds <= 2 * LEASE
-               for r in rows), rows
+    assert all(
+        r.recovered_seconds is not None and r.recovered_seconds <= 2 * LEASE for r in rows
+    ), rows
     assert unreconciled(finals) == []
     assert leftover_keys(store.client()) == []

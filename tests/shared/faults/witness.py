@@ -100,7 +100,10 @@ class Timeline:
         return out
 
     def over(
-        self, limit: int, start: float = float("-inf"), end: float = float("inf"),
+        self,
+        limit: int,
+        start: float = float("-inf"),
+        end: float = float("inf"),
         exclude: dict[str, int] | None = None,
     ) -> list[Interval]:
         """Stretches within [start, end] with more than `limit` holders (less `exclude`:
@@ -137,14 +140,20 @@ class Timeline:
         return best
 
     def entries(
-        self, agent: str | None = None, start: float = float("-inf"),
-        end: float = float("inf"), how: str | None = None,
+        self,
+        agent: str | None = None,
+        start: float = float("-inf"),
+        end: float = float("inf"),
+        how: str | None = None,
     ) -> list[Event]:
         """The entering events within [start, end], of `agent` and `how` if given."""
         return [
-            e for e in self.events
-            if e.delta == 1 and start <= e.at <= end
-            and (agent is None or e.agent == agent) and (how is None or e.how == how)
+            e
+            for e in self.events
+            if e.delta == 1
+            and start <= e.at <= end
+            and (agent is None or e.agent == agent)
+            and (how is None or e.how == how)
         ]
 
     def grants_over(self, limit: int, start: float, end: float) -> list[Event]:
