@@ -152,7 +152,7 @@ class Agent:
         await self.release()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10):
-                while self.limit._sync.background:  # every release has been sent
+                while self.limit._sync.background:  # noqa: ASYNC110 - every release has been sent
                     await asyncio.sleep(0.01)
         await self.limit.close()
         return self.counts()

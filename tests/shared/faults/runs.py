@@ -46,16 +46,13 @@ def summary(fault: str, limit: int, rows: list[Run]) -> str:
     """One line per test, also appended to $GYM_FAULT_REPORT (JSON lines) if set."""
     over = [r for r in rows if r.over]
     recovered = [r.recovered_seconds for r in rows if r.recovered_seconds is not None]
-    line = (
-        f"{fault}: {len(over)} of {len(rows)} runs over the limit of {limit}"
-        + (
-            f" (peak {max(r.peak for r in over)}, longest {max(r.over_seconds for r in over):.2f} s)"
-            if over
-            else ""
-        )
-        + (f"; full again within {max(recovered):.2f} s" if recovered else "")
-        + f"; lease {LEASE} s"
-    )
+    line = f"{fault}: {len(over)} of {len(rows)} runs over the limit of {limit}"
+    if over:
+        peak, longest = max(r.peak for r in over), max(r.over_seconds for r in over)
+        line += f" (peak {peak}, longest {longest:.2f} s)"
+    if recovered:
+        line += f"; full again within {max(recovered):.2f} s"
+    line += f"; lease {LEASE} s"
     path = os.environ.get("GYM_FAULT_REPORT")
     if path:
         with open(path, "a") as out:

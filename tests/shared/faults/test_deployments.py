@@ -94,4 +94,5 @@ async def test_a_key_prefix_separates_deployments_of_one_component(
     assert (peak(redis_server, f"{key}blue"), peak(redis_server, f"{key}green")) == (3, 3)
     assert max(took) < HOLD + 0.8, took
     names = store.client().keys("*")
-    assert names and all(k.startswith(("blue:", "green:")) for k in names), names
+    assert names
+    assert all(k.startswith(("blue:", "green:")) for k in names), names

@@ -12,8 +12,6 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis
-
 from tests.shared.redis_server import RedisServer
 
 LOG = "witness:log"
@@ -164,9 +162,13 @@ class Timeline:
         for event in self.events:
             if event.delta == 0:
                 continue
-            if event.delta == 1 and event.how == "r" and start <= event.at <= end:
-                if count >= limit:
-                    bad.append(event)
+            if (
+                event.delta == 1
+                and event.how == "r"
+                and start <= event.at <= end
+                and count >= limit
+            ):
+                bad.append(event)
             count += event.delta
         return bad
 
