@@ -9,6 +9,7 @@ that connects).
 
 from .limits import (
     Limit,
+    LimitConfigurationError,
     LimitStatistics,
     LimitUnavailableError,
     MeteredSemaphore,
@@ -70,6 +71,7 @@ __all__ = [
     "QUEUE_WAIT_INSTRUMENT",
     "SERVER_ATTRIBUTE",
     "Limit",
+    "LimitConfigurationError",
     "LimitStatistics",
     "LimitUnavailableError",
     "MeteredSemaphore",

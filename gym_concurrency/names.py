@@ -15,6 +15,9 @@ ADMISSION_CANCELLED_INSTRUMENT: Final = "gym.concurrency.admission_cancelled_tot
 ADMISSION_SHED_INSTRUMENT: Final = "gym.concurrency.admission_shed_total"
 # Global limits only: admissions that could not reach the shared limit's store (Redis).
 ADMISSION_UNAVAILABLE_INSTRUMENT: Final = "gym.concurrency.admission_unavailable_total"
+# Global limits only: leases a process could not renew within the lease (its store was away);
+# their work ran on while the store may have granted their slots again.
+ADMISSION_LEASE_LOST_INSTRUMENT: Final = "gym.concurrency.admission_lease_lost_total"
 # Recorded by the middleware for every admission attempt on a limited route.
 QUEUE_WAIT_INSTRUMENT: Final = "gym.concurrency.queue_wait_duration_ms"
 

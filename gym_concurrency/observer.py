@@ -154,6 +154,18 @@ _INSTRUMENTS = (
             "(refused, or admitted through the process-local fallback)."
         ),
     ),
+    _Instrument(
+        names.ADMISSION_LEASE_LOST_INSTRUMENT,
+        monotonic=True,
+        read=lambda s: s.statistics().admission_lease_lost,
+        only_if=lambda limit: limit.scope == names.GLOBAL_SCOPE,
+        unit=names.SLOT_UNIT,
+        description=(
+            "Leases of a limit shared across processes that this process could not renew "
+            "within the lease (its store was away): their work ran on while the store may "
+            "have granted their slots again."
+        ),
+    ),
 )
 
 

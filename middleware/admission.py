@@ -13,6 +13,8 @@ from typing import Any
 from opentelemetry.metrics import MeterProvider
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gym_concurrency import LimitConfigurationError
+
 from .body import QueuedBodies
 from .dependencies import check_operation_names
 from .limits import LIMITS_SCOPE_KEY, ConcurrencyLimits, LimitedRoute
@@ -151,7 +153,12 @@ class ConcurrencyLimitMiddleware:
                     failed = True
                     await send({"type": "lifespan.startup.failed", "message": self._config_error})
                     raise ConcurrencyConfigError(self._config_error)  # into the app's startup
-                await self._connect_shared()
+                error = await self._connect_shared()
+                if error is not None:  # a misconfigured Redis fails the start, as bad settings
+                    failed = True
+                    self._config_error = error
+                    await send({"type": "lifespan.startup.failed", "message": error})
+                    raise ConcurrencyConfigError(error)
             elif reply["type"] in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
                 await self._close_shared()
             await send(reply)
@@ -160,17 +167,26 @@ class ConcurrencyLimitMiddleware:
         if failed:  # the app swallowed the error
             raise ConcurrencyConfigError(self._config_error)
 
-    async def _connect_shared(self) -> None:
+    async def _connect_shared(self) -> str | None:
         """Connect the limits shared across processes; one Redis cannot reach is logged and
-        answers by `redis_unavailable` until it can (no restart needed)."""
+        answers by `redis_unavailable` until it can (no restart needed). A misconfigured one
+        (authentication, TLS, commands, a size other processes disagree with) is an error:
+        its message, logged, to fail the start with."""
         for limit in self.limits.shared():
-            if not await limit.connect():
+            try:
+                connected = await limit.connect()
+            except LimitConfigurationError as error:
+                message = f"gym_concurrency: {error}"
+                _log.error("%s", message)
+                return message
+            if not connected:
                 _log.warning(
                     "gym_concurrency: limit %r: its Redis cannot be reached; admissions are "
                     "%s until it can",
                     limit.limit_name,
                     "refused" if self.settings.redis_unavailable == "refuse" else "local",
                 )
+        return None
 
     async def _close_shared(self) -> None:
         """Give this process's global slots and places back, and close their connections."""

@@ -276,6 +276,7 @@ class ConcurrencyLimits:
             server=settings.server_name,
             timeout=timeout,
             max_queue=max_queue,
+            key_prefix=_key_prefix(settings.redis_key_prefix),
             lease_seconds=settings.redis_lease_seconds,
             redis_timeout=min(1.0, settings.redis_lease_seconds / 3),
             redis_unavailable=settings.redis_unavailable,
@@ -332,3 +333,8 @@ def _check_unchanged(
                 "not a running limit's queue timeout or queue bound (restart the server to "
                 "change it, or give the limit a new limit_name)"
             )
+
+
+def _key_prefix(prefix: str | None) -> str:
+    """The Redis key prefix of a global limit: `gym_concurrency`, after the settings' own."""
+    return "gym_concurrency" if prefix is None else f"{prefix}:gym_concurrency"

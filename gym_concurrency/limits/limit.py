@@ -21,6 +21,7 @@ __all__ = [
     "Admission",
     "GlobalStatistics",
     "Limit",
+    "LimitConfigurationError",
     "LimitScope",
     "LimitStatistics",
     "LimitUnavailableError",
@@ -50,6 +51,13 @@ class LimitUnavailableError(Exception):
     `redis_unavailable="refuse"`)."""
 
 
+class LimitConfigurationError(Exception):
+    """Raised by a shared limit's `connect()` when it is misconfigured rather than its store
+    unreachable: authentication or authorization refused, TLS that cannot work, a store
+    without the commands it needs, or a size that disagrees with the processes sharing the
+    limit. The message names the store's URL without its password."""
+
+
 @dataclass(frozen=True, slots=True)
 class GlobalStatistics:
     """A limit shared across processes, across all of them as last seen (no Redis call)."""
@@ -72,6 +80,7 @@ class LimitStatistics:
     admission_cancelled: int
     admission_shed: int
     admission_unavailable: int | None = None  # global limits only
+    admission_lease_lost: int | None = None  # global limits only
     shared: GlobalStatistics | None = None  # global limits only
 
 

@@ -45,6 +45,7 @@ FailureProfile = Literal["problem", "openai", "episode"]
 _METHOD = re.compile(r"^[A-Z]+$")
 _Name = Annotated[str, Field(min_length=1, max_length=200)]
 _Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+_KeyPrefix = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^{}\s]+$")]
 # Bodies of queued requests are held in memory: 1 MiB each and 64 MiB over all of them,
 # unless configured otherwise; past either bound a queued request stops being read.
 DEFAULT_MAX_QUEUED_BODY_BYTES = 1024 * 1024
@@ -218,6 +219,9 @@ class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
     redis_unavailable: Literal["refuse", "local"] = "refuse"
     # A global slot is a lease, renewed by one heartbeat per process every third of this.
     redis_lease_seconds: _Seconds = 10.0
+    # Put before every Redis key of this server's global limits (which are already named by
+    # component, server_name and limit_name): deployments sharing those stay apart.
+    redis_key_prefix: _KeyPrefix | None = None
 
     @field_validator("routes", "operations", mode="before")
     @classmethod

@@ -41,6 +41,7 @@ class Limits:
     def kill(self, limit: SharedLimit) -> None:
         """Make `limit` stand for a process that died: its heartbeat and mailbox stop, and it
         never talks to Redis again (its leases and waiters stay there until they expire)."""
+        limit._heartbeat.stop()  # its thread: no renewal after the current one
         for task in limit._tasks:
             task.cancel()
         limit._tasks = []

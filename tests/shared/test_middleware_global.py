@@ -263,7 +263,8 @@ async def test_a_restarted_redis_leaves_no_slot_lost_or_phantom(
         GYM_CONCURRENCY_ROUTES=route(2),
         GYM_CONCURRENCY_REDIS_LEASE_SECONDS="3",
     )
-    leases = "gym_concurrency:{shared_runs}:leases"  # the limit's lease set in Redis
+    # The limit's lease set in Redis (the key is the component's and the limit's name).
+    leases = f"gym_concurrency:{{global_{key}/shared_runs}}:leases"
     try:
         urls = [s.url for s in servers.servers]
         async with httpx.AsyncClient(timeout=30) as client:

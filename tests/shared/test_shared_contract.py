@@ -25,6 +25,7 @@ from gym_concurrency import (
     CONCURRENCY_LIMIT_INSTRUMENT,
     LIMIT_NAME_ATTRIBUTE,
     QUEUE_DEPTH_INSTRUMENT,
+    LimitConfigurationError,
     MeteredSemaphore,
     QueueFullError,
     SharedLimit,
@@ -335,7 +336,13 @@ async def test_a_configured_size_rolls_out_but_a_restart_keeps_a_resize(
     assert await again.connect()
     assert again.limit == 6
     assert client.get(a.redis_keys["limit"]) == "6"
-    changed = limits(8)  # a new configuration rolls out
+    disagreeing = limits(8)  # another size while processes of this one live: an error
+    with pytest.raises(LimitConfigurationError, match=r"size 8.*size 6 \(configured 4\)"):
+        await disagreeing.connect()
+    assert client.get(a.redis_keys["limit"]) == "6"
+    await a.close()
+    await again.close()
+    changed = limits(8)  # a new configuration rolls out once the old one's processes stop
     assert await changed.connect()
     assert changed.limit == 8
     assert client.get(a.redis_keys["limit"]) == "8"
@@ -348,7 +355,7 @@ async def test_a_lost_notification_delays_a_waiter_at_most_about_a_second(
     assert await holder.enqueue() == "admitted"
     future = waiting.enqueue()
     await settle(holder, waiting)
-    mailbox_task = waiting._tasks[1]
+    (mailbox_task,) = waiting._tasks  # (the heartbeat runs on a thread of its own)
     mailbox_task.cancel()  # its notifications now go nowhere: a thief takes them
     thief = redis_server.client()
     box = waiting.mailbox_prefix + waiting._proc
@@ -416,6 +423,7 @@ async def test_the_observer_reports_a_global_limit_with_its_scope_and_no_redis_c
         redis_url=redis_server.url,
         component="obs_shared",
         limit_name=key,
+        key=key,  # shared with `other` (by default the key is component/limit_name)
         max_queue=5,
         lease_seconds=1.5,
         redis_timeout=0.3,

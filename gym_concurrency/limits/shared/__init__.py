@@ -1,6 +1,6 @@
 """Limits shared across processes and hosts through Redis or Valkey (the `[redis]` extra,
 imported only when a limit first connects)."""
 
-from .limit import RedisUnavailable, SharedLimit
+from .limit import LeaseLostHook, RedisUnavailable, SharedLimit
 
-__all__ = ["RedisUnavailable", "SharedLimit"]
+__all__ = ["LeaseLostHook", "RedisUnavailable", "SharedLimit"]

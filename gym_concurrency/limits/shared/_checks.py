@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 from .._base import check_count
+from ._connection import SCHEMES, safe_url, sentinel_parts
 
 __all__ = ["RedisUnavailable", "check_key", "check_mode", "check_name", "check_url"]
 
@@ -13,10 +14,15 @@ RedisUnavailable = Literal["refuse", "local"]
 
 
 def check_url(url: object) -> None:
-    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+    """A URL `_connection.Connection` can use; the error shows it without its password."""
+    if not isinstance(url, str) or not url.startswith(SCHEMES):
+        shown = safe_url(url) if isinstance(url, str) else repr(url)
         raise ValueError(
-            f"SharedLimit redis_url must be a redis://, rediss:// or unix:// URL, got {url!r}"
+            "SharedLimit redis_url must be a redis://, rediss://, unix:// or "
+            f"redis+sentinel:// URL, got {shown}"
         )
+    if url.startswith("redis+sentinel://"):
+        sentinel_parts(url)  # raises for a URL without a service name
 
 
 def check_name(name: str, value: object) -> None:
@@ -26,13 +32,21 @@ def check_name(name: str, value: object) -> None:
         )
 
 
-def check_key(key: str | None, limit_name: str | None) -> str:
-    """The name every process shares: `key`, else `limit_name`; ValueError if neither."""
-    shared_key = key if key is not None else limit_name
-    if shared_key is None:
+def check_key(
+    key: str | None, component: str | None, server: str | None, limit_name: str | None
+) -> str:
+    """The name every process shares: `key`, else `component/server/limit_name` (those
+    given), so that two deployments never share a limit by accident; ValueError if neither."""
+    if key is not None:
+        check_name("key", key)
+        return key
+    if limit_name is None:
         raise ValueError("SharedLimit needs limit_name or key: the name every process shares")
-    check_name("key" if key is not None else "limit_name", shared_key)
-    return shared_key
+    parts = {"component": component, "server": server, "limit_name": limit_name}
+    for name, part in parts.items():
+        if part is not None:
+            check_name(name, part)
+    return "/".join(part for part in parts.values() if part is not None)
 
 
 def check_mode(mode: object, local_max_concurrent: object) -> None:

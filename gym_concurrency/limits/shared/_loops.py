@@ -1,60 +1,119 @@
 """The two background loops of a shared limit in one process: the heartbeat (renewals,
-re-checks, sizes to write) and the mailbox (grants pushed by whoever freed a slot)."""
+re-checks, sizes to write), on a thread of its own, and the mailbox (grants pushed by
+whoever freed a slot), a task on the event loop.
+
+The heartbeat runs beside the event loop, as Redisson's lock watchdog does, with a blocking
+Redis connection of its own: a loop blocked for any length of time (a handler calling
+`time.sleep`, CPU-bound work) keeps its leases while the process lives, and `kill -9` still
+frees them within the lease. What it learns (grants, leases it could not renew) is handed
+to the event loop with `call_soon_threadsafe`.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import math
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Final
 
 from ._store import RECHECK_SECONDS, RedisStore
+from ._sync import RedisSync
 
-__all__ = ["heartbeat", "mailbox"]
+__all__ = ["Heartbeat", "mailbox"]
 
 _log = logging.getLogger("gym_concurrency.limits.shared")
 
-_PROBE_SECONDS: Final = 0.25  # how often an unreachable Redis is tried again
+_PROBE_SECONDS: Final = 0.25  # how often an unreachable Redis is tried again (at most)
 _TICK_SECONDS: Final = 0.1  # the heartbeat's nap between looks at what is due (no Redis call)
+_JOIN_SECONDS: Final = 2.0  # how long stop() waits for a call in flight
 
 
-async def heartbeat(
-    store: RedisStore,
-    *,
-    period: float,
-    sync: Callable[[bool], Awaitable[None]],
-    apply_size: Callable[[], Awaitable[None]],
-    recheck_due: Callable[[float, float], float],
-    closed: Callable[[], bool],
-    describe: str,
-) -> None:
-    """The one heartbeat of a limit in this process: a full `sync(True)` every `period`; while
-    waiters queue also a re-check `sync(False)` every second and when a lease is due to expire
-    (`recheck_due(last, recheck)`); every 0.25 s while Redis is away."""
-    recheck = min(period, RECHECK_SECONDS)
-    last = last_full = -math.inf
-    while not closed():  # (a cancel swallowed inside a client call ends it too)
+class Heartbeat:
+    """The heartbeat of one shared limit in one process: a full renewal every `period`;
+    while waiters queue also a re-check every second and when a lease is due to expire;
+    while Redis is away a probe every `probe` seconds (at most a quarter of a second, at
+    most an eighth of the lease, so that the holders re-register soon after it is back)."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        sync: RedisSync,
+        *,
+        lease_seconds: float,
+        describe: str,
+    ) -> None:
+        self._store = store
+        self._sync = sync
+        self._period = lease_seconds / 3
+        self._probe = min(_PROBE_SECONDS, lease_seconds / 8)
+        self._describe = describe
+        self._stopped = threading.Event()
+        self._beat_lock = threading.Lock()  # one renewal at a time (the thread's, or sync())
+        self._first = threading.Event()  # the first renewal ended (either way)
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the thread (daemon: it never keeps a process alive)."""
+        self._stopped.clear()
+        self._first.clear()
+        self._thread = threading.Thread(
+            target=self._run, name=f"{self._describe} heartbeat", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to end after the call in flight, if any."""
+        self._stopped.set()
+
+    async def join(self) -> None:
+        """Stop, and wait (off the event loop) for the thread to end."""
+        self.stop()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread.is_alive():
+            await asyncio.to_thread(thread.join, _JOIN_SECONDS)
+
+    async def first_renewal(self, within: float) -> None:
+        """Wait (off the event loop) until the first renewal ended, at most `within` s."""
+        await asyncio.to_thread(self._first.wait, within)
+
+    def beat(self, full: bool = True) -> None:
+        """One renewal now (from the thread, or from a worker thread for `sync()`)."""
+        with self._beat_lock:
+            if self._store.blocking_started:
+                self._sync.renew(full)
+
+    def _run(self) -> None:
+        store = self._store
         try:
-            now = time.monotonic()
-            full = store.down or store.answered_again or now >= last_full + period
-            if full or now >= recheck_due(last, recheck):
-                last = now
-                if full:
-                    last_full = now
-                    store.answered_again = False
-                    if store.pending is not None:
-                        await apply_size()
-                await sync(full)
-        except Exception:  # the heartbeat must outlive anything
-            _log.exception("gym_concurrency: %s: heartbeat failed", describe)
-        if store.down:
-            pause = _PROBE_SECONDS
-        else:  # short naps (no Redis call): waiters that arrive meanwhile are seen soon
-            due = min(last_full + period, recheck_due(last, recheck))
-            pause = min(_TICK_SECONDS, due - time.monotonic())
-        await asyncio.sleep(max(0.0, pause))
+            store.start_blocking()
+        except Exception:  # a URL the client cannot use: the admissions report it too
+            _log.exception("gym_concurrency: %s: heartbeat cannot start", self._describe)
+            self._first.set()
+            return
+        recheck = min(self._period, RECHECK_SECONDS)
+        last = last_full = -math.inf
+        while not self._stopped.is_set():
+            try:
+                now = time.monotonic()
+                full = self._sync.renew_now or now >= last_full + self._period
+                if full or now >= self._sync.recheck_due(last, recheck):
+                    last = now
+                    if full:
+                        last_full = now
+                    self.beat(full)
+            except Exception:  # the heartbeat must outlive anything
+                _log.exception("gym_concurrency: %s: heartbeat failed", self._describe)
+            self._first.set()
+            if self._sync.renew_now:
+                pause = self._probe
+            else:  # short naps (no Redis call): waiters that arrive meanwhile are seen soon
+                due = min(last_full + self._period, self._sync.recheck_due(last, recheck))
+                pause = min(_TICK_SECONDS, due - time.monotonic())
+            self._stopped.wait(max(0.0, pause))
+        store.close_blocking()
 
 
 async def mailbox(

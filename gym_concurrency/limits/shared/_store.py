@@ -1,9 +1,11 @@
-"""One shared limit's Redis, as this process sees it: the connections, the scripts, a typed
-reply per script (unpacked here and nowhere else), and the global state as last seen.
+"""One shared limit's Redis, as this process sees it: the scripts, a typed reply per script
+(unpacked here and nowhere else), and the global state as last seen.
 
 Every script call carries the same head of arguments (see `scripts`) and answers the same
 head of values; `RedisStore` keeps the newest answer's figures as plain numbers, so that
-the observer and the status view read them without a Redis call.
+the observer and the status view read them without a Redis call. Admissions call the scripts
+from the event loop; the heartbeat thread calls `sync` and `configure` with a blocking client
+of its own (`*_blocking`), so that the state kept here is guarded by a lock.
 """
 
 from __future__ import annotations
@@ -12,13 +14,23 @@ import asyncio
 import contextlib
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from ..limit import LimitConfigurationError
 from . import scripts
+from ._connection import Connection, misconfiguration, safe_url
 
-__all__ = ["AcquireReply", "PendingSize", "RedisStore", "Reply", "SyncReply"]
+__all__ = [
+    "AcquireReply",
+    "ConfigureReply",
+    "PendingSize",
+    "RedisStore",
+    "Reply",
+    "SyncReply",
+]
 
 _log = logging.getLogger("gym_concurrency.limits.shared")
 
@@ -34,9 +46,10 @@ SHED: Final = 2
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """What every script answers: the global size and counts, Redis's clock (µs) and the
-    milliseconds until the next lease expires (-1: none)."""
+    """What every script answers: its status, the global size and counts, Redis's clock (µs)
+    and the milliseconds until the next lease expires or a grace period ends (-1: none)."""
 
+    status: int
     limit: int
     held: int
     queued: int
@@ -62,6 +75,14 @@ class SyncReply(Reply):
 
 
 @dataclass(frozen=True, slots=True)
+class ConfigureReply(Reply):
+    """The configure script's answer: status `scripts.CONFLICT` if live processes use
+    another size; `configured` is the size processes start with (None if none was set)."""
+
+    configured: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class PendingSize:
     """A size not yet written to Redis: this process's configured size at start, or a
     `resize()` (which, unlike a configured size, also overrides a size set at runtime)."""
@@ -70,10 +91,10 @@ class PendingSize:
     kind: Literal["configure", "resize"]
 
 
-def _head(raw: list[Any]) -> tuple[int, int, int, int, int]:
-    """The common head of a script's reply: limit, held, queued, stamp, expiry_ms."""
-    limit, held, queued, stamp, expiry_ms = (int(v) for v in raw[1:6])
-    return limit, held, queued, stamp, expiry_ms
+def _head(raw: list[Any]) -> tuple[int, int, int, int, int, int]:
+    """The common head of a script's reply: status, limit, held, queued, stamp, expiry_ms."""
+    status, limit, held, queued, stamp, expiry_ms = (int(v) for v in raw[:6])
+    return status, limit, held, queued, stamp, expiry_ms
 
 
 class RedisStore:
@@ -101,19 +122,25 @@ class RedisStore:
         self.next_expiry = math.inf  # (monotonic) when the next lease expires, as last seen
         self.pending: PendingSize | None = PendingSize(limit, "configure")
         self.down = False  # Redis is known to be unreachable
-        self.answered_again = False  # Redis answered after being down: renew at once
+        self.misconfigured: str | None = None  # why, once a misconfiguration fails the limit
+        self.misconfiguration_seen: str | None = None  # the last call that failed said so
         self.failures: tuple[type[BaseException], ...] = (OSError, TimeoutError)
-        self._redis_url = redis_url
-        self._grace_ms = max(1, self.lease_ms // 2)
+        self.proc = ""  # this process's id on the limit (set by start())
+        self.redis_url = safe_url(redis_url)  # for messages
+        self._connection = Connection(
+            redis_url, redis_timeout=redis_timeout, max_connections=max_connections
+        )
         self._redis_timeout = redis_timeout
-        self._max_connections = max_connections
         self._fallback_note = fallback_note  # what admissions do while Redis is away
         self._describe = describe
+        self._lock = threading.Lock()  # the figures, `down`: the loop and the heartbeat thread
         self._stamp = 0  # Redis's clock (µs) of the newest answer seen
-        self._contacted = False
+        self._contacted = False  # Redis answered this process before
         self._client: Any = None
         self._mailbox_client: Any = None
+        self._blocking: Any = None
         self._scripts: dict[str, Any] = {}
+        self._blocking_scripts: dict[str, Any] = {}
         self._logged_errors: set[str] = set()
 
     @property
@@ -121,35 +148,26 @@ class RedisStore:
         """True once `start()` made the connections (and until `aclose()`)."""
         return self._client is not None
 
-    def start(self) -> None:
-        """Make the connection pool, the mailbox's own connection and the scripts."""
-        import redis.asyncio as aioredis  # the [redis] extra, only when a limit connects
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
+    @property
+    def blocking_started(self) -> bool:
+        """True while the heartbeat thread's client is open."""
+        return self._blocking is not None
+
+    def start(self, proc: str) -> None:
+        """Make the connection pool, the mailbox's own connection and the scripts, for this
+        process's id `proc`."""
         from redis.exceptions import RedisError
 
+        self.proc = proc
         self.failures = (RedisError, OSError, TimeoutError)
-        common: dict[str, Any] = {
-            "decode_responses": True,
-            "socket_connect_timeout": self._redis_timeout,
-            "retry": Retry(NoBackoff(), 1),  # one reconnect for a stale pooled connection
-        }
-        pool = aioredis.BlockingConnectionPool.from_url(
-            self._redis_url,
-            max_connections=self._max_connections,
-            socket_timeout=self._redis_timeout,
-            **common,
-        )
-        self._client = aioredis.Redis(connection_pool=pool)
-        self._mailbox_client = aioredis.Redis.from_url(
-            self._redis_url, socket_timeout=RECHECK_SECONDS + self._redis_timeout, **common
-        )
-        self._scripts = {
-            "acquire": self._client.register_script(scripts.ACQUIRE),
-            "remove": self._client.register_script(scripts.REMOVE),
-            "sync": self._client.register_script(scripts.SYNC),
-            "configure": self._client.register_script(scripts.CONFIGURE),
-        }
+        self._client = self._connection.admissions()
+        self._mailbox_client = self._connection.mailbox(RECHECK_SECONDS)
+        self._scripts = _register(self._client)
+
+    def start_blocking(self) -> None:
+        """Make the heartbeat thread's own blocking client and its scripts."""
+        self._blocking = self._connection.blocking()
+        self._blocking_scripts = _register(self._blocking)
 
     # --- the scripts -----------------------------------------------------------------
 
@@ -162,67 +180,93 @@ class RedisStore:
         """Remove leases given back and waiters that left; their slots pass on."""
         return Reply(*_head(await self._call("remove", ids)))
 
-    async def sync(self, held: list[str], queued: list[str], drops: list[str]) -> SyncReply:
-        """Renew `held` and `queued`, drop `drops`; learn of grants and of what Redis lost."""
-        raw = await self._call("sync", [len(held), *held, len(queued), *queued, *drops])
+    async def leave(self, ids: list[str]) -> Reply:
+        """This process closes: remove `ids`, leave the members, drop the mailbox."""
+        return Reply(*_head(await self._call("leave", ids)))
+
+    async def configure(self, pending: PendingSize) -> ConfigureReply:
+        """Write a configured size or a resize."""
+        return _configure_reply(await self._call("configure", [pending.size, pending.kind]))
+
+    def sync_blocking(self, held: list[str], queued: list[str], drops: list[str]) -> SyncReply:
+        """Renew `held` and `queued`, drop `drops`; learn of grants and of what Redis lost
+        (from the heartbeat thread)."""
+        raw = self._call_blocking("sync", [len(held), *held, len(queued), *queued, *drops])
         return SyncReply(
-            *_head(raw),
-            granted=tuple(raw[6]),
-            reclaimed=tuple(raw[7]),
-            requeued=tuple(raw[8]),
+            *_head(raw), granted=tuple(raw[6]), reclaimed=tuple(raw[7]), requeued=tuple(raw[8])
         )
 
-    async def configure(self, pending: PendingSize) -> Reply:
-        """Write a configured size or a resize."""
-        return Reply(*_head(await self._call("configure", [pending.size, pending.kind])))
+    def configure_blocking(self, pending: PendingSize) -> ConfigureReply:
+        """`configure`, from the heartbeat thread."""
+        return _configure_reply(self._call_blocking("configure", [pending.size, pending.kind]))
 
     async def next_grant(self, box: str) -> str | None:
         """The next lease granted to this process's mailbox `box`, waiting at most a re-check."""
         item = await self._mailbox_client.blpop([box], timeout=RECHECK_SECONDS)
         return None if item is None else str(item[1])
 
+    def _args(self, args: list[Any]) -> list[Any]:
+        contacted = "1" if self._contacted else "0"  # (a missing limit then means it was lost)
+        return [self.mailbox_prefix, self.lease_ms, self.limit, self.proc, contacted, *args]
+
     async def _call(self, script: str, args: list[Any]) -> list[Any]:
-        contacted = "1" if self._contacted else "0"  # (a missing limit then means a restart)
-        head = [self.mailbox_prefix, self.lease_ms, self.limit, contacted, self._grace_ms]
         async with asyncio.timeout(self._redis_timeout):
-            raw: list[Any] = await self._scripts[script](keys=self.keys, args=head + args)
-        self._contacted = True
-        self._seen(Reply(*_head(raw)))
-        if self.down:
-            self.down = False
-            self.answered_again = True
-            _log.warning("gym_concurrency: %s reaches Redis again", self._describe)
+            raw: list[Any] = await self._scripts[script](keys=self.keys, args=self._args(args))
+        self._answered(raw)
         return raw
 
-    def _seen(self, reply: Reply) -> None:
-        """Keep the newest answer's figures (an older one that arrives later is ignored)."""
-        if reply.stamp < self._stamp and reply.stamp >= self._stamp - _STAMP_STEP_BACK:
-            return
-        self._stamp = reply.stamp
-        self.held, self.queued = reply.held, reply.queued
-        if self.pending is None or self.pending.kind != "resize":
-            self.limit = reply.limit  # (else this process's resize, not yet applied, wins)
-        self.next_expiry = (
-            time.monotonic() + reply.expiry_ms / 1000 + _EXPIRY_MARGIN
-            if reply.expiry_ms >= 0
-            else math.inf
-        )
+    def _call_blocking(self, script: str, args: list[Any]) -> list[Any]:
+        raw: list[Any] = self._blocking_scripts[script](keys=self.keys, args=self._args(args))
+        self._answered(raw)
+        return raw
+
+    def _answered(self, raw: list[Any]) -> None:
+        """Keep the newest answer's figures (an older one that arrives later is ignored);
+        Redis answers: it is up."""
+        reply = Reply(*_head(raw))
+        with self._lock:
+            self._contacted = True
+            self.misconfiguration_seen = None
+            if self.down:
+                self.down = False
+                _log.warning("gym_concurrency: %s reaches Redis again", self._describe)
+            if reply.stamp < self._stamp and reply.stamp >= self._stamp - _STAMP_STEP_BACK:
+                return
+            self._stamp = reply.stamp
+            self.held, self.queued = reply.held, reply.queued
+            if self.pending is None or self.pending.kind != "resize":
+                self.limit = reply.limit  # (else this process's resize, not yet applied, wins)
+            self.next_expiry = (
+                time.monotonic() + reply.expiry_ms / 1000 + _EXPIRY_MARGIN
+                if reply.expiry_ms >= 0
+                else math.inf
+            )
 
     # --- failures and closing --------------------------------------------------------
 
     def failed(self, what: str, error: BaseException) -> None:
-        """A call failed: Redis is down from now on (logged once); a script error is a bug
-        and is logged with its traceback, once per call site."""
-        if not self.down:
-            self.down = True
-            _log.warning(
-                "gym_concurrency: %s cannot reach Redis (%s: %r); admissions are %s until "
-                "it answers again",
-                self._describe,
-                what,
-                error,
-                self._fallback_note,
-            )
+        """A call failed: Redis is down from now on (logged once); a misconfiguration or a
+        script error is logged as an error, once per call site."""
+        reason = misconfiguration(error)
+        with self._lock:
+            if not self.down:
+                self.down = True
+                _log.warning(
+                    "gym_concurrency: %s cannot reach Redis at %s (%s: %r); admissions are "
+                    "%s until it answers again",
+                    self._describe,
+                    self.redis_url,
+                    what,
+                    error,
+                    self._fallback_note,
+                )
+            logged = what in self._logged_errors
+            self._logged_errors.add(what)
+        if reason is not None:
+            self.misconfiguration_seen = self.explain(reason)
+            if not logged:
+                _log.error("gym_concurrency: %s", self.misconfiguration_seen)
+            return
         from redis.exceptions import ConnectionError as RedisConnectionError
         from redis.exceptions import RedisError
         from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -230,13 +274,46 @@ class RedisStore:
         unexpected = isinstance(error, RedisError) and not isinstance(
             error, RedisConnectionError | RedisTimeoutError
         )
-        if unexpected and what not in self._logged_errors:
-            self._logged_errors.add(what)
+        if unexpected and not logged:  # a script error: a bug, say so
             _log.error("gym_concurrency: %s: %s failed", self._describe, what, exc_info=error)
 
+    def explain(self, reason: str) -> str:
+        """A misconfiguration's message: the limit, its Redis (no password), what is wrong."""
+        return f"{self._describe}: redis_url {self.redis_url}: {reason}"
+
+    def misconfigured_by(self, error: BaseException) -> LimitConfigurationError | None:
+        """The error to fail a start with, if `error` (or the last failure, perhaps the
+        heartbeat's) is a misconfiguration."""
+        reason = misconfiguration(error)
+        if reason is not None:
+            return LimitConfigurationError(self.explain(reason))
+        seen = self.misconfiguration_seen
+        return None if seen is None else LimitConfigurationError(seen)
+
     async def aclose(self) -> None:
-        """Close both connections (errors ignored: the process may be stopping)."""
+        """Close every connection (errors ignored: the process may be stopping)."""
         for client in (self._client, self._mailbox_client):
             with contextlib.suppress(Exception):  # closing is best effort
                 await client.aclose()
         self._client = self._mailbox_client = None
+
+    def close_blocking(self) -> None:
+        """Close the heartbeat thread's client (from that thread, as it ends)."""
+        with contextlib.suppress(Exception):
+            self._blocking.close()
+        self._blocking = None
+
+
+def _register(client: Any) -> dict[str, Any]:
+    return {
+        "acquire": client.register_script(scripts.ACQUIRE),
+        "remove": client.register_script(scripts.REMOVE),
+        "leave": client.register_script(scripts.LEAVE),
+        "sync": client.register_script(scripts.SYNC),
+        "configure": client.register_script(scripts.CONFIGURE),
+    }
+
+
+def _configure_reply(raw: list[Any]) -> ConfigureReply:
+    configured = str(raw[6])
+    return ConfigureReply(*_head(raw), configured=int(configured) if configured else None)

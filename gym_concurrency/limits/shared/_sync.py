@@ -1,16 +1,28 @@
 """Keeping Redis told, for one shared limit in one process: waiters to register (in arrival
 order, a batch per call), leases and waiters to remove, sizes to write, and the renewal of
 everything this process holds or queues (which also learns of grants whose notification was
-lost, and re-registers what Redis lost)."""
+lost, re-registers what Redis lost, and finds leases it could not renew in time).
+
+Registering and removing run on the event loop; the renewal runs on the heartbeat thread
+(`renew`). They meet in `lock`, which guards what a renewal in flight names (a removal of one
+of those waits until it is done, so that the renewal cannot bring it back), the ids still to
+drop, and the leases found lost.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
+import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
-from ._store import ADMITTED, SHED, RedisStore
+from ..limit import LimitConfigurationError
+from . import scripts
+from ._store import ADMITTED, SHED, ConfigureReply, PendingSize, RedisStore, SyncReply
 from ._waiters import Waiter, Waiters
 
 __all__ = ["RedisSync"]
@@ -24,18 +36,24 @@ _RECHECK_WAITERS: Final = 64  # the oldest waiters a re-check asks about
 class RedisSync:
     """What this process must still tell Redis, and the grants Redis tells it of.
 
-    `held` (lease ids held here) and `waiters` are the limit's own; `shed(waiter)` and
-    `unreachable(waiter)` end a waiter the limit's way; `closed()` says the limit closed."""
+    `held` (id -> monotonic time Redis last confirmed it, for every slot held here: leases,
+    and the local fallback's) and `waiters` are the limit's own; `shed(waiter)` and
+    `unreachable(waiter)` end a waiter the limit's way; `closed()` says the limit closed;
+    `lost(ids)` runs on the event loop when leases could not be renewed within the lease,
+    `back()` when a renewal worked after Redis was away."""
 
     def __init__(
         self,
         store: RedisStore,
         waiters: Waiters,
-        held: dict[str, None],
+        held: dict[str, float],
         *,
         max_queue: int | None,
+        lease_seconds: float,
         shed: Callable[[Waiter], None],
         unreachable: Callable[[Waiter], None],
+        lost: Callable[[tuple[str, ...]], None],
+        back: Callable[[], None],
         closed: Callable[[], bool],
         describe: str,
     ) -> None:
@@ -43,13 +61,22 @@ class RedisSync:
         self._waiters = waiters
         self._held = held
         self._max_queue = max_queue
+        self._lease_seconds = lease_seconds
         self._shed = shed
         self._unreachable = unreachable
+        self._on_lost = lost
+        self._on_back = back
         self._closed = closed
         self._describe = describe
+        self.lock = threading.Lock()  # the event loop and the heartbeat thread
         self.dropping: set[str] = set()  # ids to remove from Redis once it answers again
-        self._inflight: set[str] = set()  # ids named by the sync in flight: removals wait
+        self._inflight: set[str] = set()  # ids named by the renewal in flight: removals wait
         self._deferred: list[str] = []
+        self.lost: set[str] = set()  # held leases not renewed within the lease
+        self.lease_lost = 0  # leases found lost (monotonic)
+        self.unregistered: set[str] = set()  # fallback slots Redis has not been told of yet
+        self.renewed_at = -math.inf  # (monotonic) when the last full renewal that worked was sent
+        self._renewing = threading.Lock()  # one renewal at a time
         self._unsent: list[Waiter] = []  # waiters not yet sent to Redis, in arrival order
         self._registering = False
         self._unremoved: list[str] = []  # ids given back, not yet removed from Redis
@@ -66,10 +93,18 @@ class RedisSync:
         self._unremoved.clear()
         self._removing = False
         self._size_lock = asyncio.Lock()
+        with self.lock:
+            self.dropping.clear()
+            self._inflight = set()
+            self._deferred = []
+            self.lost.clear()
+            self.unregistered.clear()
+        self.renewed_at = -math.inf
 
     def unsent_ids(self) -> list[str]:
         """Ids that must still be removed from Redis (for a limit that closes)."""
-        return [*self.dropping, *self._deferred, *self._unremoved]
+        with self.lock:
+            return [*self.dropping, *self._deferred, *self._unremoved]
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` in the background (close() waits for it)."""
@@ -77,6 +112,14 @@ class RedisSync:
         task = self._loop.create_task(work)
         self.background.add(task)
         task.add_done_callback(self.background.discard)
+
+    def _post(self, callback: Callable[..., None], *args: Any) -> None:
+        """Run `callback(*args)` on the event loop (from the heartbeat thread)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed: the process is stopping
+            loop.call_soon_threadsafe(callback, *args)
 
     # --- registering waiters ---------------------------------------------------------
 
@@ -100,7 +143,7 @@ class RedisSync:
                         continue  # ended before it was sent: nothing to undo
                     if waiter.future.done():  # cancelled with its task: counted when it leaves
                         self._waiters.end(waiter)
-                    elif self._store.down or self._closed():
+                    elif self.refusing() or self._closed():
                         self._unreachable(waiter)
                     else:
                         waiters.append(waiter)
@@ -109,13 +152,34 @@ class RedisSync:
         finally:
             self._registering = False
 
+    def refusing(self) -> bool:
+        """True while this process must not ask Redis for slots: Redis is away, leases of
+        this process were lost, or slots the local fallback admitted are not counted in
+        Redis yet (the heartbeat renews at once until they are)."""
+        return (
+            self._store.down
+            or bool(self.lost)
+            or bool(self.unregistered)
+            or self._store.misconfigured is not None
+        )
+
+    @property
+    def renew_now(self) -> bool:
+        """True while a full renewal is due at once: Redis is away (a probe), or slots held
+        here are not counted in Redis yet."""
+        return self._store.down or bool(self.unregistered)
+
     async def _register_batch(self, waiters: list[Waiter]) -> None:
         ids = [w.id for w in waiters if w.id is not None]
+        sent = time.monotonic()
+        for waiter in waiters:
+            waiter.sent_at = sent
         try:
             reply = await self._store.acquire(self._max_queue, ids)
         except self._store.failures as error:
             self._store.failed("acquire", error)
-            self.dropping.update(ids)  # they may have run: removed once Redis answers
+            with self.lock:
+                self.dropping.update(ids)  # they may have run: removed once Redis answers
             for waiter in waiters:
                 if self._waiters.current(waiter):
                     self._unreachable(waiter)
@@ -143,7 +207,7 @@ class RedisSync:
 
     def _admit(self, waiter: Waiter, lease: str) -> None:
         self._waiters.end(waiter)
-        self._held[lease] = None
+        self._held[lease] = waiter.sent_at  # (its deadline was set then, or renewed since)
         waiter.future.set_result("admitted")
 
     def granted(self, lease: str) -> None:
@@ -166,9 +230,14 @@ class RedisSync:
         """Remove `lease` (a lease or a waiter) from Redis, passing its slot on."""
         if not self._store.started:
             return
-        if lease in self._inflight:  # the sync in flight names it: remove it after that
-            self._deferred.append(lease)
-            return
+        with self.lock:
+            if lease in self._inflight:  # the renewal in flight names it: remove it after
+                self._deferred.append(lease)
+                return
+            self.lost.discard(lease)
+            if lease in self.unregistered:  # Redis never heard of it: nothing to remove
+                self.unregistered.discard(lease)
+                return
         self._unremoved.append(lease)
         if not self._removing:
             self._removing = True
@@ -181,62 +250,178 @@ class RedisSync:
                 ids = self._unremoved[:_BATCH]
                 del self._unremoved[:_BATCH]
                 if self._store.down:  # the heartbeat removes them once Redis answers again
-                    self.dropping.update(ids)
+                    with self.lock:
+                        self.dropping.update(ids)
                     continue
                 try:
                     await self._store.remove(ids)
                 except self._store.failures as error:
                     self._store.failed("remove", error)
-                    self.dropping.update(ids)
+                    with self.lock:
+                        self.dropping.update(ids)
         finally:
             self._removing = False
 
-    # --- sizes and renewal -----------------------------------------------------------
+    # --- sizes -----------------------------------------------------------------------
 
-    async def apply_size(self) -> None:
-        """Write the pending size (configured, or a resize), if any."""
+    async def apply_size(self) -> BaseException | None:
+        """Write the pending size (configured, or a resize), if any; the error that kept it
+        from Redis (a LimitConfigurationError if live processes use another size)."""
         async with self._size_lock:
             pending = self._store.pending
             if pending is None:
-                return
+                return None
             try:
-                await self._store.configure(pending)
+                reply = await self._store.configure(pending)
             except self._store.failures as error:
                 self._store.failed("resize", error)
-                return
-            if self._store.pending == pending:
-                self._store.pending = None
+                return error
+            return self._sized(pending, reply)
+
+    def apply_size_blocking(self) -> None:
+        """`apply_size`, from the heartbeat thread (after its renewal: holders first)."""
+        pending = self._store.pending
+        if pending is None:
+            return
+        try:
+            reply = self._store.configure_blocking(pending)
+        except self._store.failures as error:
+            self._store.failed("resize", error)
+            return
+        conflict = self._sized(pending, reply)
+        if conflict is not None:
+            _log.error("gym_concurrency: %s", conflict)
+
+    def _sized(self, pending: PendingSize, reply: ConfigureReply) -> BaseException | None:
+        store = self._store
+        if reply.status == scripts.CONFLICT:
+            message = (
+                f"{self._describe}: redis_url {store.redis_url}: this process is configured "
+                f"with size {pending.size}, but processes that share the limit use size "
+                f"{reply.limit}"
+                + (f" (configured {reply.configured})" if reply.configured is not None else "")
+                + ": change a shared limit's size with resize() (or a settings reload), or "
+                "stop the processes with the other size first"
+            )
+            store.pending = None
+            store.misconfigured = message
+            return LimitConfigurationError(message)
+        if store.pending == pending:
+            store.pending = None
+        return None
+
+    # --- renewal (the heartbeat thread) ------------------------------------------------
 
     async def sync(self, full: bool = True) -> None:
+        """One renewal now, off the event loop (what the heartbeat does on its own)."""
+        await asyncio.to_thread(self.renew, full)
+        await asyncio.sleep(0)  # what it learned, handed to the loop, is applied
+
+    def renew(self, full: bool = True) -> None:
         """Renew this process's leases and waiters, drop what must go, learn of grants whose
-        notification was lost, re-register what Redis lost. A re-check (not `full`) names only
-        this process's oldest waiters, the first to be handed a slot (FIFO): it costs the same
-        with ten waiters or ten thousand."""
-        held = list(self._held) if full else []
-        queued = self._waiters.registered_ids(None if full else _RECHECK_WAITERS)
-        drops = list(self.dropping)
-        self._inflight = {*held, *queued}
-        try:
-            reply = await self._store.sync(held, queued, drops)
-        except self._store.failures as error:
-            self._store.failed("heartbeat", error)
-            return
-        finally:
+        notification was lost, re-register what Redis lost (or let expire) and the local
+        fallback's slots. A re-check (not `full`) names only this process's oldest waiters,
+        the first to be handed a slot (FIFO): it costs the same with ten waiters or ten
+        thousand. A renewal that fails finds the leases not renewed within the lease."""
+        with self._renewing:
+            if not self._store.blocking_started:
+                return
+            with self.lock:
+                held = list(self._held) if full else []
+                queued = self._waiters.registered_ids(None if full else _RECHECK_WAITERS)
+                drops = list(self.dropping)
+                fresh = self.unregistered.intersection(held)
+                self._inflight = {*held, *queued}
+            was_refusing = self.refusing()
+            sent = time.monotonic()
+            try:
+                reply = self._store.sync_blocking(held, queued, drops)
+            except self._store.failures as error:
+                self._post_deferred(self._settle(None))
+                self._store.failed("heartbeat", error)
+                self._find_lost(time.monotonic())
+                return
+            except BaseException:
+                self._post_deferred(self._settle(None))
+                raise
+            deferred = self._settle(drops)
+            back = 0
+            if full:
+                self.renewed_at = sent
+                with self.lock:
+                    self.unregistered.difference_update(held)
+                    back, self.lost = len(self.lost), set()
+            self._post(self._renewed, reply, deferred, fresh, back, was_refusing)
+            if full and self._store.pending is not None:
+                self.apply_size_blocking()
+
+    def _settle(self, drops: list[str] | None) -> list[str]:
+        """The renewal ended (`drops` were dropped, if it worked): the removals it held up."""
+        with self.lock:
             self._inflight = set()
             deferred, self._deferred = self._deferred, []
-            for lease in deferred:
-                self.remove(lease)
-        self.dropping.difference_update(drops)
+            if drops is not None:
+                self.dropping.difference_update(drops)
+        return deferred
+
+    def _post_deferred(self, deferred: list[str]) -> None:
+        if deferred:
+            self._post(self._remove_all, deferred)
+
+    def _remove_all(self, ids: list[str]) -> None:
+        for lease in ids:
+            self.remove(lease)
+
+    def _renewed(
+        self, reply: SyncReply, deferred: list[str], fresh: set[str], back: int, was_away: bool
+    ) -> None:
+        """On the event loop: what a renewal learned."""
+        self._remove_all(deferred)
+        if was_away and not self.refusing():
+            self._on_back()
         for lease in reply.granted:
             self.granted(lease)
-        if reply.reclaimed or reply.requeued:
+        reclaimed = [lease for lease in reply.reclaimed if lease not in fresh]
+        if back:
+            _log.warning(
+                "gym_concurrency: %s reaches Redis again: its %d holders are counted again "
+                "(%d of them re-registered) before anything else is granted here",
+                self._describe,
+                len(self._held),
+                len(reclaimed),
+            )
+        elif reclaimed or reply.requeued:
             _log.warning(
                 "gym_concurrency: %s: Redis had lost %d leases and %d waiters of this "
                 "process; re-registered them",
                 self._describe,
-                len(reply.reclaimed),
+                len(reclaimed),
                 len(reply.requeued),
             )
+        if fresh:
+            _log.warning(
+                "gym_concurrency: %s: %d slots admitted by the local fallback while Redis was "
+                "away are now leases in Redis",
+                self._describe,
+                len(fresh),
+            )
+
+    def _find_lost(self, now: float) -> None:
+        """Leases whose deadline in Redis may have passed: not renewed since they were last
+        confirmed, a lease ago. Counted once each; admissions stop until a renewal works."""
+        lease = self._lease_seconds
+        with self.lock:
+            newly = tuple(
+                ident
+                for ident, confirmed in list(self._held.items())
+                if ident not in self.unregistered
+                and ident not in self.lost
+                and max(confirmed, self.renewed_at) + lease < now
+            )
+            self.lost.update(newly)
+            self.lease_lost += len(newly)
+        if newly:
+            self._post(self._on_lost, newly)
 
     def recheck_due(self, last: float, recheck: float) -> float:
         """When waiters of this process should look for a lost notification or an expired

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections.abc import Callable
 
 from ..limit import Admission
@@ -14,14 +15,16 @@ __all__ = ["Waiter", "Waiters"]
 
 class Waiter:
     """One local wait: `id` while it queues in Redis (None once it waits in the fallback),
-    `registered` once Redis has its ticket, `fallback` its future in the local fallback."""
+    `registered` once Redis has its ticket (`sent_at`: when it was sent, monotonic),
+    `fallback` its future in the local fallback."""
 
-    __slots__ = ("fallback", "future", "id", "registered", "timer")
+    __slots__ = ("fallback", "future", "id", "registered", "sent_at", "timer")
 
     def __init__(self, ident: str | None, future: asyncio.Future[Admission]) -> None:
         self.id = ident
         self.future = future
         self.registered = False
+        self.sent_at = -math.inf
         self.timer: asyncio.TimerHandle | None = None
         self.fallback: asyncio.Future[Admission] | None = None
 
@@ -68,6 +71,12 @@ class Waiters:
             self._by_id.pop(waiter.id, None)
             waiter.id = None
 
+    def name(self, waiter: Waiter, ident: str) -> None:
+        """`waiter` (waiting here) queues in Redis from now on, as `ident`."""
+        waiter.id = ident
+        waiter.registered = False
+        self._by_id[ident] = waiter
+
     def current(self, waiter: Waiter) -> bool:
         """True while `waiter` waits here."""
         return self._by_future.get(waiter.future) is waiter
@@ -86,8 +95,9 @@ class Waiters:
         return bool(self._by_id)
 
     def registered_ids(self, at_most: int | None = None) -> list[str]:
-        """Ids of waiters Redis has a ticket for, oldest first (`at_most` of them)."""
-        registered = (ident for ident, w in self._by_id.items() if w.registered)
+        """Ids of waiters Redis has a ticket for, oldest first (`at_most` of them). Safe from
+        the heartbeat thread: the dict is copied at once (under the GIL) before it is read."""
+        registered = (ident for ident, w in list(self._by_id.items()) if w.registered)
         return list(registered if at_most is None else itertools.islice(registered, at_most))
 
     def all(self) -> list[Waiter]:

@@ -1,11 +1,14 @@
 """SharedLimit: one concurrency limit shared by every process that names it, through Redis.
 
-A slot is a lease in Redis with a unique id; one heartbeat task per limit and process renews
-all of this process's leases and waiters every `lease_seconds / 3`, so a process that dies
-loses them within `lease_seconds`. Waiters queue across processes in ticket order and are
-handed their slot by whichever process frees one (atomically, in a Lua script), then woken
-through their process's mailbox (a blocking list), with a re-check at least every second.
-The state read at export is plain numbers kept in process: no Redis call from the observer.
+A slot is a lease in Redis with a unique id; one heartbeat per limit and process, on a
+thread of its own (so that a blocked event loop keeps its leases), renews all of this
+process's leases and waiters every `lease_seconds / 3`, so a process that dies loses them
+within `lease_seconds`. Waiters queue across processes in ticket order and are handed their
+slot by whichever process frees one (atomically, in a Lua script), then woken through their
+process's mailbox (a blocking list), with a re-check at least every second. A process that
+cannot renew its leases within the lease counts them lost and admits nothing more until
+Redis has them again. The state read at export is plain numbers kept in process: no Redis
+call from the observer.
 
 Needs the `redis` package (the `[redis]` extra), imported only when a limit first connects.
 """
@@ -15,22 +18,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
+import math
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from .._base import LimitBase, check_count, check_seconds
-from ..limit import Admission, GlobalStatistics, LimitStatistics
+from ..limit import Admission, GlobalStatistics, LimitConfigurationError, LimitStatistics
 from . import scripts
 from ._checks import RedisUnavailable, check_key, check_mode, check_name, check_url
 from ._fallback import Fallback
-from ._loops import heartbeat, mailbox
+from ._loops import Heartbeat, mailbox
 from ._store import PendingSize, RedisStore
 from ._sync import RedisSync
 from ._waiters import Waiter, Waiters
 
-__all__ = ["RedisUnavailable", "SharedLimit"]
+__all__ = ["LeaseLostHook", "RedisUnavailable", "SharedLimit"]
+
+LeaseLostHook = Callable[["SharedLimit", tuple[str, ...]], None]
+"""Called on the event loop with the limit and the ids of the leases it could not renew."""
+
+_log = logging.getLogger("gym_concurrency.limits.shared")
 
 
 _CLOSE_SECONDS: Final = 2.0  # how long close() waits for in-flight Redis calls
@@ -43,8 +53,15 @@ class SharedLimit(LimitBase):
     processes, FIFO by ticket, `timeout` and `max_queue` (the global queue) per waiter, each
     failed admission counted once in the process where it happened. When Redis cannot be
     reached, `redis_unavailable="refuse"` ends an admission "unavailable" and `"local"` admits
-    it through a process-local semaphore of `local_max_concurrent` slots; both are counted in
-    `admission_unavailable`. Implements `gym_concurrency.limits.Limit`.
+    it through a process-local semaphore of `local_max_concurrent` slots (counting the
+    global slots this process still holds); both are counted in `admission_unavailable`.
+    Leases this process could not renew within `lease_seconds` are counted in
+    `admission_lease_lost`, logged, and handed to `on_lease_lost(limit, ids)`.
+
+    Processes share a limit by its key: `key` if given, else `component/server/limit_name`
+    (those given), under `key_prefix`. `connect()` raises LimitConfigurationError for a
+    misconfiguration (authentication, TLS, missing commands, a size other processes on the
+    limit disagree with). Implements `gym_concurrency.limits.Limit`.
     """
 
     _scope = "global"
@@ -67,6 +84,7 @@ class SharedLimit(LimitBase):
         local_max_concurrent: int | None = None,
         redis_timeout: float = 1.0,
         max_connections: int = 64,
+        on_lease_lost: LeaseLostHook | None = None,
     ) -> None:
         owner = type(self).__name__
         check_count(owner, "value", value)
@@ -77,7 +95,7 @@ class SharedLimit(LimitBase):
             timeout=timeout,
             max_queue=max_queue,
         )
-        shared_key = check_key(key, limit_name)
+        shared_key = check_key(key, component, server, limit_name)
         check_url(redis_url)
         check_name("key_prefix", key_prefix)
         check_seconds(owner, "lease_seconds", lease_seconds)
@@ -106,7 +124,11 @@ class SharedLimit(LimitBase):
             else "admitted through the local fallback",
             describe=self._describe(),
         )
-        self._held: dict[str, None] = {}  # lease ids held here, in the order taken
+        # Slots held here, in the order taken: lease id (or the id a fallback slot will have
+        # in Redis) -> when Redis last confirmed it (monotonic).
+        self._held: dict[str, float] = {}
+        self._fallback_ids: set[str] = set()  # the fallback's slots among them
+        self._on_lease_lost = on_lease_lost
         self._waiters = Waiters()
         self._fallback = (
             Fallback(local_max_concurrent, max_queue) if local_max_concurrent is not None else None
@@ -122,10 +144,16 @@ class SharedLimit(LimitBase):
             self._waiters,
             self._held,
             max_queue=max_queue,
+            lease_seconds=self._lease_seconds,
             shed=self._refuse_shed,
             unreachable=self._unsent_unreachable,
+            lost=self._leases_lost,
+            back=self._redis_back,
             closed=self._is_closed,
             describe=self._describe(),
+        )
+        self._heartbeat = Heartbeat(
+            self._store, self._sync, lease_seconds=self._lease_seconds, describe=self._describe()
         )
         self._register()
 
@@ -139,8 +167,7 @@ class SharedLimit(LimitBase):
     @property
     def active(self) -> int:
         """Slots held in this process now (leases, and fallback slots while Redis was away)."""
-        fallback = self._fallback.active if self._fallback is not None else 0
-        return len(self._held) + fallback
+        return len(self._held)
 
     @property
     def available(self) -> int:
@@ -169,8 +196,15 @@ class SharedLimit(LimitBase):
         return self._unavailable
 
     @property
+    def admission_lease_lost(self) -> int:
+        """Leases of this process it could not renew within `lease_seconds` (Redis away):
+        their work ran on while Redis may have granted their slots again (monotonic)."""
+        return self._sync.lease_lost
+
+    @property
     def key(self) -> str:
-        """The name every process sharing this limit uses (default: `limit_name`)."""
+        """The name every process sharing this limit uses (default: `component/server/
+        limit_name`, those given)."""
         return self._key
 
     @property
@@ -200,8 +234,9 @@ class SharedLimit(LimitBase):
 
     @property
     def connected(self) -> bool:
-        """False while Redis is known to be unreachable."""
-        return not self._store.down and not self._closed
+        """False while Redis is known to be unreachable (or leases of this process are lost
+        and not counted in Redis again yet)."""
+        return not self._sync.refusing() and not self._closed
 
     def statistics(self) -> LimitStatistics:
         """This process's share, the global state as last seen, and `admission_unavailable`."""
@@ -215,6 +250,7 @@ class SharedLimit(LimitBase):
             admission_cancelled=self._cancelled,
             admission_shed=self._shed,
             admission_unavailable=self._unavailable,
+            admission_lease_lost=self._sync.lease_lost,
             shared=GlobalStatistics(store.held, store.queued, self.connected),
         )
 
@@ -250,7 +286,7 @@ class SharedLimit(LimitBase):
         the mode is "refuse"). Never raises."""
         loop = asyncio.get_running_loop() if self._closed else self._bind()
         future: asyncio.Future[Admission] = loop.create_future()
-        if self._store.down or self._closed:
+        if self._sync.refusing() or self._closed:
             self._unreachable(self._add(Waiter(None, future), loop))
             return future
         waiter = self._add(Waiter(f"{self._proc}:{next(self._counter)}", future), loop)
@@ -269,10 +305,12 @@ class SharedLimit(LimitBase):
         """Give a slot of this process back (a fallback slot first, else one of its leases,
         which Redis hands to the longest waiter). Raises ValueError if none is held."""
         if self._fallback is not None and self._fallback.release():
-            return
-        if not self._held:
+            lease = self._fallback_ids.pop()
+        elif len(self._held) > len(self._fallback_ids):
+            lease = next(i for i in reversed(self._held) if i not in self._fallback_ids)
+        else:
             raise ValueError(f"{self._describe()} released with no slot held")
-        lease, _ = self._held.popitem()
+        del self._held[lease]
         if not self._closed:
             self._sync.remove(lease)
 
@@ -283,8 +321,11 @@ class SharedLimit(LimitBase):
         check_count(type(self).__name__, "limit", limit)
         self._store.limit = limit
         self._store.pending = PendingSize(limit, "resize")
-        if self._loop is not None and not self._closed:
-            self._sync.spawn(self._sync.apply_size())
+        if self._loop is not None and not self._closed and not self._sync.refusing():
+            self._sync.spawn(self._resize())  # (else the heartbeat, once its holders count)
+
+    async def _resize(self) -> None:
+        await self._sync.apply_size()
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -294,8 +335,16 @@ class SharedLimit(LimitBase):
         if self._closed:
             return False
         self._bind()
-        await self._sync.apply_size()
-        await self._sync.sync()
+        error = await self._sync.apply_size()
+        if error is not None and not isinstance(error, LimitConfigurationError):
+            # The heartbeat's first call may say more (a TLS handshake that outlasted this
+            # call's timeout, say): a misconfiguration, or an outage after all.
+            await self._heartbeat.first_renewal(self._lease_seconds)
+            error = self._store.misconfigured_by(error)
+        if error is not None:
+            self._store.misconfigured = str(error)
+            await self.close()
+            raise error
         return not self._store.down
 
     async def close(self) -> None:
@@ -311,6 +360,7 @@ class SharedLimit(LimitBase):
             task.cancel()
         await asyncio.wait(self._tasks)  # (they also stop on their own once closed)
         self._tasks = []
+        await self._heartbeat.join()
         ids = list(self._held) + self._waiters.registered_ids()
         for waiter in self._waiters.all():
             self._waiters.end(waiter)
@@ -324,9 +374,9 @@ class SharedLimit(LimitBase):
                 while self._sync.background:  # registrations in flight remove what they made
                     await asyncio.gather(*self._sync.background, return_exceptions=True)
         ids += self._sync.unsent_ids()
-        if ids and not self._store.down:
+        if not self._store.down:
             with contextlib.suppress(*self._store.failures):
-                await self._store.remove(ids)
+                await self._store.leave(ids)
         await self._store.aclose()
 
     aclose = close  # for contextlib.aclosing()
@@ -369,18 +419,70 @@ class SharedLimit(LimitBase):
         self._waiters.end(waiter)
         if admitted == "shed":  # the local queue is full too
             self._shed += 1
+        else:
+            self._hold_fallback()
         waiter.future.set_result(admitted)
+
+    def _hold_fallback(self) -> None:
+        """A fallback slot was taken: it gets an id, so that once Redis answers again the
+        heartbeat registers it as a lease before anything more is granted."""
+        lease = f"{self._proc}:{next(self._counter)}"
+        with self._sync.lock:
+            self._sync.unregistered.add(lease)
+        self._fallback_ids.add(lease)
+        self._held[lease] = -math.inf
+
+    def _leases_lost(self, leases: tuple[str, ...]) -> None:
+        """On the event loop: the heartbeat could not renew `leases` within the lease."""
+        _log.warning(
+            "gym_concurrency: %s could not renew %d leases within lease_seconds=%s (Redis at "
+            "%s unreachable): their holders run on here while Redis may grant their slots "
+            "to others; this process admits nothing more until Redis counts them again "
+            "(leases: %s)",
+            self._describe(),
+            len(leases),
+            self._lease_seconds,
+            self._store.redis_url,
+            ", ".join(leases),
+        )
+        hook = self._on_lease_lost
+        if hook is not None:
+            try:
+                hook(self, leases)
+            except Exception:  # a hook's failure never reaches the limit
+                _log.exception("gym_concurrency: %s: on_lease_lost failed", self._describe())
 
     def _fallback_admitted(self, waiter: Waiter) -> None:
         inner = waiter.fallback
         if not self._waiters.current(waiter) or inner is None:
             return  # it ended here (timeout, leave, close), which left the fallback
-        self._waiters.end(waiter)
         if waiter.future.done() or inner.cancelled():  # cancelled with its task
+            self._waiters.end(waiter)
             if self._fallback is not None:
                 self._fallback.leave(inner)
             return
+        if not self._sync.refusing():  # Redis is back: it, not the fallback, admits now
+            self._to_redis(waiter)
+            return
+        self._waiters.end(waiter)
+        self._hold_fallback()
         waiter.future.set_result("admitted")
+
+    def _to_redis(self, waiter: Waiter) -> None:
+        """`waiter` waits in the fallback, but Redis answers again: it leaves the fallback
+        (a slot just handed to it passes on) and queues in Redis instead."""
+        inner, waiter.fallback = waiter.fallback, None
+        if inner is not None and self._fallback is not None:
+            self._fallback.leave(inner)
+        self._waiters.name(waiter, f"{self._proc}:{next(self._counter)}")
+        self._sync.send(waiter)
+
+    def _redis_back(self) -> None:
+        """On the event loop: a renewal worked after Redis was away; the fallback's waiters
+        queue in Redis from now on."""
+        for waiter in self._waiters.all():
+            if waiter.fallback is not None and not waiter.future.done():
+                self._to_redis(waiter)
 
     def _refuse_shed(self, waiter: Waiter) -> None:
         """Redis found the global queue full for `waiter`."""
@@ -413,23 +515,13 @@ class SharedLimit(LimitBase):
         self._proc = uuid.uuid4().hex  # this process's part of every id: never reused
         self._counter = itertools.count(1)
         self._held.clear()
+        self._fallback_ids.clear()
         self._waiters.clear()
         self._sync.start(loop)
-        self._store.start()
+        self._store.start(self._proc)
+        self._heartbeat.start()
         describe = self._describe()
         self._tasks = [
-            loop.create_task(
-                heartbeat(
-                    self._store,
-                    period=self._lease_seconds / 3,
-                    sync=self._sync.sync,
-                    apply_size=self._sync.apply_size,
-                    recheck_due=self._sync.recheck_due,
-                    closed=self._is_closed,
-                    describe=describe,
-                ),
-                name=f"{describe} heartbeat",
-            ),
             loop.create_task(
                 mailbox(
                     self._store,

@@ -1,48 +1,73 @@
 """The Lua scripts of a limit shared across processes (`SharedLimit`): each step is atomic in
-Redis (or Valkey), reaps expired leases and waiters first, and reads the clock with Redis
-`TIME`, never a client's.
+Redis (or Valkey), reaps expired leases and waiters first, and keeps time with the limit's
+own clock (Redis `TIME`, never a client's, less the time Redis was stopped; see `clock`).
 
 Keys, all under one hash tag so that they live in one cluster slot (`KEYS` order):
 
 1. `limit`       the global number of slots (string)
 2. `seq`         the ticket counter (INCR): FIFO order across processes
 3. `queue`       ZSET waiter id -> ticket: the global queue, oldest first
-4. `wexp`        ZSET waiter id -> deadline (ms): a waiter whose process stops renewing it is
-                 reaped, so a dead process never blocks the queue
-5. `leases`      ZSET lease id -> deadline (ms): the slots held now, one lease each
-6. `grace`       present for a moment after Redis lost its state (restart without persistence):
-                 no slot is handed out until live processes have re-registered their leases
-7. `configured`  the size the last starting process was configured with
-8. `mbox:<proc>` LIST of lease ids granted to process `<proc>` (its waiters are woken by BLPOP);
-                 the key is the common `ARGV[1]` prefix plus the process id
+4. `wexp`        ZSET waiter id -> deadline (clock ms): a waiter whose process stops renewing
+                 it is reaped, so a dead process never blocks the queue
+5. `leases`      ZSET lease id -> deadline (clock ms): the slots held now, one lease each
+6. `grace`       present for one lease after a script found the limit's state lost (see
+                 `restore`): no slot is handed out while live processes re-register what
+                 they hold
+7. `configured`  the size processes start with (a runtime resize does not change it)
+8. `clock`       HASH {v, t}: the limit's clock (ms) and Redis's time at the last script call
+9. `members`     ZSET process id -> deadline (clock ms): the processes alive on this limit
+10. `mbox:<proc>` LIST of lease ids granted to process `<proc>` (its waiters are woken by
+                 BLPOP); the key is the common `ARGV[1]` prefix plus the process id
+
+`limit` and `configured` are the limit's configuration and stay; every other key is gone once
+no process holds, queues or lives on the limit (or expires: `grace`, mailboxes).
 
 Ids are `<proc>:<n>`: a waiter that is handed a slot keeps its id as the lease id, and the
 process part names the mailbox to notify. Every script takes the same first five arguments:
 mailbox prefix, lease milliseconds, the limit as last seen (restored if the key is gone),
-"1" if this process has seen the state before (so a missing `limit` means Redis lost it), and
-the grace milliseconds. Every script answers `{status, limit, leases held, waiters queued,
-stamp, expiry, ...}`: Redis's clock in microseconds, and milliseconds until the next lease
-expires.
+this process's id, and "1" if this process has seen the limit's state before (so that its
+absence means Redis lost it). Every script answers `{status, limit, leases
+held, waiters queued, stamp, expiry, ...}`: Redis's time in microseconds, and milliseconds
+until the next lease expires or the grace period ends (-1: neither).
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["ACQUIRE", "CONFIGURE", "KEY_NAMES", "REMOVE", "SYNC"]
+__all__ = ["ACQUIRE", "CONFIGURE", "CONFLICT", "KEY_NAMES", "LEAVE", "REMOVE", "SYNC"]
 
-KEY_NAMES: Final = ("limit", "seq", "queue", "wexp", "leases", "grace", "configured")
+KEY_NAMES: Final = (
+    "limit", "seq", "queue", "wexp", "leases", "grace", "configured", "clock", "members",
+)  # fmt: skip
+
+CONFLICT: Final = 3  # CONFIGURE's status: live processes hold another size for this limit
 
 _PRELUDE: Final = """
-local K_LIMIT, K_SEQ, K_QUEUE, K_WEXP, K_LEASES, K_GRACE, K_CONFIGURED =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local MBOX, TTL = ARGV[1], tonumber(ARGV[2])
+local K_LIMIT, K_SEQ, K_QUEUE, K_WEXP, K_LEASES, K_GRACE, K_CONFIGURED, K_CLOCK, K_MEMBERS =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local MBOX, TTL, PROC, CONTACTED = ARGV[1], tonumber(ARGV[2]), ARGV[4], ARGV[5] == '1'
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local real = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
--- Drop expired leases (their process stopped renewing them) and expired waiters.
+-- The limit's clock (ms): Redis's time, except that a gap between two script calls counts
+-- for at most a third of a lease. Live processes call at least that often (their
+-- heartbeats), so a longer gap is time Redis was stopped (SIGSTOP, a VM paused) or could
+-- not be reached: no lease expires for it, and its owners get a lease to renew.
+local function clock()
+  local c = redis.call('HMGET', K_CLOCK, 'v', 't')
+  local v, last = tonumber(c[1]), tonumber(c[2])
+  if v == nil or last == nil then return real end
+  local gap = math.max(0, real - last)
+  return v + math.min(gap, math.floor(TTL / 3))
+end
+local now = clock()
+redis.call('HSET', K_CLOCK, 'v', now, 't', real)
+
+-- Drop expired leases (their process stopped renewing them), waiters and members.
 local function reap()
   redis.call('ZREMRANGEBYSCORE', K_LEASES, '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', K_MEMBERS, '-inf', now)
   while true do
     local dead = redis.call('ZRANGEBYSCORE', K_WEXP, '-inf', now, 'LIMIT', 0, 500)
     if #dead == 0 then break end
@@ -51,22 +76,43 @@ local function reap()
   end
 end
 
--- The global size; if Redis lost it, restore the last seen one and, when this process knew
--- the state before, hold grants back until live processes have re-registered their leases.
+-- The limit's state is missing: lost if this process saw it before, if Redis started less
+-- than a lease ago (a restart without persistence: whoever comes first, a process that
+-- held slots or one that never talked to Redis) or if this Redis was promoted from a
+-- replica (a failover); else this is the limit's first start on a Redis that has been up.
+local function lost()
+  if CONTACTED then return true end
+  local server = redis.call('INFO', 'server')
+  local up = tonumber(string.match(server, 'uptime_in_seconds:(%d+)')) or 0
+  if up * 1000 < TTL then return true end
+  local replication = redis.call('INFO', 'replication')
+  return (tonumber(string.match(replication, 'second_repl_offset:(-?%d+)')) or -1) >= 0
+end
+
+-- Set `size` on a missing state; if it was lost, hand out nothing for one lease, while live
+-- processes re-register what they hold.
+local function restore(size)
+  redis.call('SET', K_LIMIT, size)
+  if lost() then redis.call('SET', K_GRACE, '1', 'PX', TTL) end
+end
+
+-- The global size, restored from the one this process last saw if it is gone.
 local function current_limit()
   local limit = tonumber(redis.call('GET', K_LIMIT))
   if limit == nil then
     limit = tonumber(ARGV[3])
-    redis.call('SET', K_LIMIT, limit)
-    if ARGV[4] == '1' then
-      redis.call('SET', K_GRACE, '1', 'PX', ARGV[5])
-    end
+    restore(limit)
   end
   return limit
 end
 
+local function member()
+  redis.call('ZADD', K_MEMBERS, now + TTL, PROC)
+end
+
 -- Hand free slots to the oldest waiters: the lease keeps the waiter's id and deadline (its
 -- process renews it from then on) and the waiter's process is told through its mailbox.
+-- Nothing while the grace period lasts, nothing while the leases fill the limit.
 local function grant(limit)
   if redis.call('EXISTS', K_GRACE) == 1 then return end
   local held = redis.call('ZCARD', K_LEASES)
@@ -92,31 +138,36 @@ local function remove(id)
   redis.call('ZREM', K_LEASES, id)
 end
 
--- {head, limit, held, queued, stamp, expiry, ...}: the stamp (server microseconds; scripts
--- run one at a time) lets a client ignore an older answer that reaches it after a newer one;
--- expiry is the milliseconds until the next lease expires (-1: none), when a process with
--- waiters checks again (a dead holder's slot passes on as soon as its lease is gone).
-local function answer(head, limit, ...)
+-- {status, limit, held, queued, stamp, expiry, ...}: the stamp (Redis's µs; scripts run one
+-- at a time) lets a client ignore an older answer that reaches it after a newer one; expiry
+-- is the milliseconds until the next lease expires or the grace period ends (-1: neither),
+-- when a process with waiters checks again. Nothing held or queued: the ticket counter and
+-- the clock go (they restart from anything).
+local function answer(status, limit, ...)
   local stamp = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local first = redis.call('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')
   local expiry = -1
   if #first == 2 then expiry = math.max(0, tonumber(first[2]) - now) end
-  local out = {head, limit, redis.call('ZCARD', K_LEASES), redis.call('ZCARD', K_QUEUE), stamp,
-               expiry}
+  local grace = redis.call('PTTL', K_GRACE)
+  if grace >= 0 and (expiry < 0 or grace < expiry) then expiry = grace end
+  local held, queued = redis.call('ZCARD', K_LEASES), redis.call('ZCARD', K_QUEUE)
+  if held == 0 and queued == 0 then redis.call('DEL', K_SEQ, K_CLOCK) end
+  local out = {status, limit, held, queued, stamp, expiry}
   for _, v in ipairs({...}) do out[#out + 1] = v end
   return out
 end
 """
 
 # ARGV[6] max_queue (-1: unbounded), ARGV[7...] waiter ids in this process's arrival order.
-# Each is admitted at once if nobody queues and a slot is free, shed if max_queue already
-# wait, else queued with the next ticket. Answers {0, limit, held, queued, stamp, expiry,
-# statuses}:
-# a status per id, 0 queued, 1 admitted, 2 shed. Idempotent per id.
+# Each is admitted at once if nobody queues, no grace period runs and a slot is free, shed
+# if max_queue already wait, else queued with the next ticket. Answers {0, limit, held,
+# queued, stamp, expiry, statuses}: a status per id, 0 queued, 1 admitted, 2 shed.
+# Idempotent per id.
 ACQUIRE: Final = (
     _PRELUDE
     + """
 reap()
+member()
 local limit = current_limit()
 grant(limit)
 local max_queue = tonumber(ARGV[6])
@@ -158,16 +209,32 @@ return answer(0, limit)
 """
 )
 
+# A process closes: as REMOVE for ARGV[6...], and the process leaves the members and drops
+# its mailbox. Answers {0, limit, held, queued, stamp, expiry}.
+LEAVE: Final = (
+    _PRELUDE
+    + """
+reap()
+local limit = current_limit()
+for i = 6, #ARGV do remove(ARGV[i]) end
+redis.call('ZREM', K_MEMBERS, PROC)
+redis.call('DEL', MBOX .. PROC)
+grant(limit)
+return answer(0, limit)
+"""
+)
+
 # The heartbeat and re-check of one process. ARGV[6] = n held lease ids, then those ids;
 # then m queued waiter ids (count first), then ids to drop (the rest).
-# Held leases are renewed (re-registered if Redis lost them: the work is still running);
-# queued waiters are renewed, reported if they were handed a slot, re-queued at the back if
-# Redis lost them. Answers {0, limit, held, queued, stamp, expiry, granted ids, re-registered ids,
-# re-queued ids}.
+# Held leases are renewed (re-registered if Redis lost them or they expired: the work is
+# still running, and counts before anything is granted); queued waiters are renewed,
+# reported if they were handed a slot, re-queued at the back if Redis lost them. Answers
+# {0, limit, held, queued, stamp, expiry, granted ids, re-registered ids, re-queued ids}.
 SYNC: Final = (
     _PRELUDE
     + """
 reap()
+member()
 local limit = current_limit()
 local i = 6
 local n = tonumber(ARGV[i])
@@ -201,22 +268,43 @@ return answer(0, limit, granted, reclaimed, requeued)
 """
 )
 
-# ARGV[6] size, ARGV[7] "resize" (set it) or "configure" (a process starts: set it only if
-# its configured size is new, so a restart keeps a runtime resize but a changed configuration
-# rolls out). Growing hands the new slots to the oldest waiters at once; shrinking revokes
-# nothing. Answers {0, limit, held, queued, stamp, expiry}.
+# ARGV[6] size, ARGV[7] "resize" (set it) or "configure" (a process starts with this size).
+# A configured size is taken if the limit's state is missing (restored as above), if it is
+# the size processes start with or the size in force (a process restarting keeps a runtime
+# resize), or if no other process lives on the limit (a new configuration rolls out once
+# the old one's processes are gone). Otherwise it disagrees with live processes: status
+# CONFLICT, nothing changed. Growing hands the new slots to the oldest waiters at once;
+# shrinking revokes nothing. Answers {status, limit, held, queued, stamp, expiry,
+# configured size or ""}.
 CONFIGURE: Final = (
     _PRELUDE
     + """
 reap()
-local size = ARGV[6]
-if ARGV[7] == 'resize' or redis.call('GET', K_CONFIGURED) ~= size
-    or redis.call('EXISTS', K_LIMIT) == 0 then
-  redis.call('SET', K_LIMIT, size)
-end
-if ARGV[7] == 'configure' then redis.call('SET', K_CONFIGURED, size) end
+local CONFLICT = 3
+local size, kind = tonumber(ARGV[6]), ARGV[7]
 local limit = tonumber(redis.call('GET', K_LIMIT))
+local configured = tonumber(redis.call('GET', K_CONFIGURED))
+local status = 0
+if limit == nil then
+  restore(size)
+  if kind == 'configure' then redis.call('SET', K_CONFIGURED, size) end
+elseif kind == 'resize' then
+  redis.call('SET', K_LIMIT, size)
+elseif configured == nil then  -- (restored by a resize): the size in force stays
+  redis.call('SET', K_CONFIGURED, size)
+elseif size ~= configured and size ~= limit then
+  local others = redis.call('ZCARD', K_MEMBERS)
+  if redis.call('ZSCORE', K_MEMBERS, PROC) then others = others - 1 end
+  if others > 0 then
+    status = CONFLICT
+  else
+    redis.call('SET', K_LIMIT, size)
+    redis.call('SET', K_CONFIGURED, size)
+  end
+end
+if status == 0 then member() end
+limit = tonumber(redis.call('GET', K_LIMIT))
 grant(limit)
-return answer(0, limit)
+return answer(status, limit, tostring(configured or ''))
 """
 )

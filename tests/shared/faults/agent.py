@@ -12,7 +12,7 @@ Commands (`op`):
             pick between the two bounds) inside the witness, gives it back, again; a refusal
             naps `nap` s before trying again.
 - hold:     take `slots` more slots (each witnessed as agent `<name>.hold`), answer once
-            all are held (or `within` s passed: {"held": n}).
+            all are held (or `wait` s passed: {"held": n}).
 - stall:    block the event loop (`time.sleep`, as a handler doing CPU work would) `seconds`.
 - release:  leave the witness and give back every slot `hold` took.
 - resize:   `limit.resize(size)`.
@@ -56,7 +56,7 @@ class Agent:
         self.nap = 0.05
         self.held: list[str] = []  # how each slot of `hold` was admitted
         self.hold_name = f"{self.name}.hold"  # the witness's name for the slots `hold` took
-        self.seen = dict.fromkeys(("arrived", *OUTCOMES), 0)
+        self.seen = dict.fromkeys(("arrived", *OUTCOMES, "fallback"), 0)
 
     async def witnessed(self, delta: int, how: str, who: str | None = None) -> None:
         await self.record(keys=[LOG], args=[delta, who or self.name, how])
@@ -82,6 +82,7 @@ class Agent:
         else:
             self.seen["admitted"] += 1
             how = self.how()
+            self.seen["fallback"] += how == "f"
             await self.witnessed(1, how, who)
             return how
         return None
@@ -108,14 +109,14 @@ class Agent:
             self.clients.append(asyncio.create_task(self.client(number)))
         return {"clients": clients}
 
-    async def hold(self, slots: int, within: float = 30.0) -> dict[str, Any]:
+    async def hold(self, slots: int, wait: float = 30.0) -> dict[str, Any]:
         async def one() -> None:
             how = await self.take(self.hold_name)
             if how is not None:
                 self.held.append(how)
 
         tasks = [asyncio.create_task(one()) for _ in range(slots)]
-        await asyncio.wait(tasks, timeout=within)
+        await asyncio.wait(tasks, timeout=wait)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -142,6 +143,7 @@ class Agent:
             "active": limit.active,
             "queue_depth": limit.queue_depth,
             "connected": limit.connected,
+            "mode": limit.redis_unavailable,
             "global_active": limit.global_active,
             "limit": limit.limit,
         }

@@ -138,11 +138,18 @@ class Fleet:
 
 def unreconciled(finals: dict[str, dict[str, Any]]) -> list[str]:
     """Agents whose arrivals differ from admitted + timeouts + cancelled + shed + unavailable
-    (the limit's own counts), or that still hold or queue something after stopping."""
+    (the limit's own counts), or that still hold or queue something after stopping. With
+    `redis_unavailable="local"`, `unavailable` counts the admissions sent to the fallback
+    (admitted there, or timed out, cancelled or shed there too), so arrivals are admitted +
+    timeouts + cancelled + shed, and `unavailable` at least the fallback's admissions."""
     wrong = []
     for name, final in finals.items():
         seen, counted = final["seen"], final["counted"]
-        total = seen["admitted"] + sum(counted[k] for k in OUTCOMES)
-        if total != seen["arrived"] or final["active"] or final["queue_depth"]:
+        if final["mode"] == "local":
+            ended = seen["admitted"] + sum(counted[k] for k in OUTCOMES if k != "unavailable")
+            fits = ended == seen["arrived"] and counted["unavailable"] >= seen["fallback"]
+        else:
+            fits = seen["admitted"] + sum(counted[k] for k in OUTCOMES) == seen["arrived"]
+        if not fits or final["active"] or final["queue_depth"]:
             wrong.append(f"{name}: {final}")
     return wrong

@@ -18,10 +18,18 @@ from tests.shared.test_middleware_global import Servers, peak, route
 HOLD = 1.0
 
 
+# A short lease: the Redis of each test has just started, so that its first admissions wait
+# out a grace period of one lease (it may have lost slots still held).
+LEASE = {"GYM_CONCURRENCY_REDIS_LEASE_SECONDS": "1.5"}
+
+
 async def run_both(a: Servers, b: Servers, count_a: int, count_b: int) -> list[float]:
     """`count_a` requests to deployment a and `count_b` to b at once, each holding its slot
-    HOLD s; how long each took."""
+    HOLD s, after one request to each (the grace period); how long each took."""
     async with httpx.AsyncClient(timeout=30) as client:
+        for server in (a, b):
+            warm = await client.post(f"{server.servers[0].url}/run", params={"hold": 0})
+            assert warm.status_code == 200, warm.text
 
         async def one(server: Servers) -> float:
             started = time.monotonic()
@@ -44,6 +52,7 @@ async def test_two_components_with_the_same_limit_name_have_a_limit_each(
         1,
         witness_url=redis_server.url,
         GYM_CONCURRENCY_ROUTES=route(6),
+        **LEASE,
     )
     team_b = Servers(
         tmp_path,
@@ -52,6 +61,7 @@ async def test_two_components_with_the_same_limit_name_have_a_limit_each(
         1,
         witness_url=redis_server.url,
         GYM_CONCURRENCY_ROUTES=route(2),
+        **LEASE,
     )  # started last
     try:
         took = await run_both(team_a, team_b, 6, 2)
@@ -75,6 +85,7 @@ async def test_a_key_prefix_separates_deployments_of_one_component(
         GYM_CONCURRENCY_ROUTES=route(3),
         GYM_CONCURRENCY_REDIS_KEY_PREFIX="blue",
         **common,
+        **LEASE,
     )
     green = Servers(
         tmp_path,
@@ -85,6 +96,7 @@ async def test_a_key_prefix_separates_deployments_of_one_component(
         GYM_CONCURRENCY_ROUTES=route(3),
         GYM_CONCURRENCY_REDIS_KEY_PREFIX="green",
         **common,
+        **LEASE,
     )
     try:
         took = await run_both(blue, green, 3, 3)

@@ -33,9 +33,9 @@ def test_a_paused_redis_expires_no_lease_for_the_time_it_was_stopped(
     holder = fleet.start("holder", store.url, limit, **options)
     waiting = fleet.start("waiting", store.url, limit, **options)  # queued through the pause
     waiting.ask("demand", clients=limit + 1, hold=HOLD)
-    if mode == "local":  # waiters that give up after half a lease and come again: arrivals
+    if mode == "local":  # waiters that give up after a quarter lease and come again: arrivals
         # during the pause, admitted by the fallback
-        arriving = fleet.start("arriving", store.url, limit, timeout=LEASE / 2, **options)
+        arriving = fleet.start("arriving", store.url, limit, timeout=LEASE / 4, **options)
         arriving.ask("demand", clients=2, hold=FALLBACK_HOLD)
     windows = []
     for multiple in multiples():
@@ -75,8 +75,9 @@ def test_a_paused_redis_expires_no_lease_for_the_time_it_was_stopped(
         r.recovered_seconds is not None and r.recovered_seconds <= 2 * LEASE for r in rows
     ), rows
     if mode == "local":  # while Redis was away, each process stayed within its fallback
-        for _, start, resumed, _ in windows:
-            assert len(timeline.entries("arriving", start, resumed, how="f")) > 0
+        for multiple, start, resumed, _ in windows:
+            if multiple >= 1:  # (a shorter pause may end before an arrival reaches it)
+                assert len(timeline.entries("arriving", start, resumed, how="f")) > 0
             assert timeline.peak(start, resumed) <= limit + 3 * LOCAL_MAX
     assert unreconciled(finals) == []
     assert leftover_keys(store.client()) == []
