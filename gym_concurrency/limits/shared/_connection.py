@@ -54,12 +54,27 @@ def misconfiguration(error: BaseException) -> str | None:
 
 
 class Connection:
-    """The clients of one limit to the Redis named by `url`."""
+    """The clients of one limit to the Redis named by `url`. Every new connection sends
+    `check` (a command) before its first command: it finds a limit's state that another
+    Redis kept (a failover) whichever call reaches the new server first."""
 
-    def __init__(self, url: str, *, redis_timeout: float, max_connections: int) -> None:
+    def __init__(
+        self, url: str, *, redis_timeout: float, max_connections: int, check: list[Any]
+    ) -> None:
         self.url = url
         self._timeout = redis_timeout
         self._max_connections = max_connections
+        self._check = check
+
+    async def _connected(self, connection: Any) -> None:
+        await connection.on_connect()
+        await connection.send_command(*self._check)
+        await connection.read_response()
+
+    def _connected_blocking(self, connection: Any) -> None:
+        connection.on_connect()
+        connection.send_command(*self._check)
+        connection.read_response()
 
     def admissions(self) -> Any:
         """An asyncio client with a bounded pool, each call bounded by the Redis timeout."""
@@ -71,6 +86,7 @@ class Connection:
             "decode_responses": True,
             "socket_connect_timeout": self._timeout,
             "retry": Retry(NoBackoff(), 1),
+            "redis_connect_func": self._connected,
         }
         if self.url.startswith("redis+sentinel://"):
             return self._async_sentinel(self._timeout, common)
@@ -92,6 +108,7 @@ class Connection:
             "decode_responses": True,
             "socket_connect_timeout": self._timeout,
             "retry": Retry(NoBackoff(), 1),
+            "redis_connect_func": self._connected,
         }
         if self.url.startswith("redis+sentinel://"):
             return self._async_sentinel(wait + self._timeout, common)
@@ -108,6 +125,7 @@ class Connection:
             "socket_connect_timeout": self._timeout,
             "socket_timeout": self._timeout,
             "retry": Retry(NoBackoff(), 1),
+            "redis_connect_func": self._connected_blocking,
         }
         if self.url.startswith("redis+sentinel://"):
             from redis.sentinel import Sentinel

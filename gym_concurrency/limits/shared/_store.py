@@ -128,7 +128,12 @@ class RedisStore:
         self.proc = ""  # this process's id on the limit (set by start())
         self.redis_url = safe_url(redis_url)  # for messages
         self._connection = Connection(
-            redis_url, redis_timeout=redis_timeout, max_connections=max_connections
+            redis_url,
+            redis_timeout=redis_timeout,
+            max_connections=max_connections,
+            check=_check_server(
+                dict(zip(scripts.KEY_NAMES, self.keys, strict=True)), self.lease_ms
+            ),
         )
         self._redis_timeout = redis_timeout
         self._fallback_note = fallback_note  # what admissions do while Redis is away
@@ -302,6 +307,11 @@ class RedisStore:
         with contextlib.suppress(Exception):
             self._blocking.close()
         self._blocking = None
+
+
+def _check_server(keys: dict[str, str], lease_ms: int) -> list[Any]:
+    """`scripts.CHECK_SERVER`'s command, as every new connection sends it."""
+    return ["EVAL", scripts.CHECK_SERVER, 3, keys["limit"], keys["clock"], keys["grace"], lease_ms]
 
 
 def _register(client: Any) -> dict[str, Any]:

@@ -14,7 +14,8 @@ Keys, all under one hash tag so that they live in one cluster slot (`KEYS` order
                  `restore`): no slot is handed out while live processes re-register what
                  they hold
 7. `configured`  the size processes start with (a runtime resize does not change it)
-8. `clock`       HASH {v, t}: the limit's clock (ms) and Redis's time at the last script call
+8. `clock`       HASH {v, t, run}: the limit's clock (ms), Redis's time at the last script
+                 call, and the run id of the Redis that keeps the state (see `moved`)
 9. `members`     ZSET process id -> deadline (clock ms): the processes alive on this limit
 10. `mbox:<proc>` LIST of lease ids granted to process `<proc>` (its waiters are woken by
                  BLPOP); the key is the common `ARGV[1]` prefix plus the process id
@@ -35,7 +36,9 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["ACQUIRE", "CONFIGURE", "CONFLICT", "KEY_NAMES", "LEAVE", "REMOVE", "SYNC"]
+__all__ = [
+    "ACQUIRE", "CHECK_SERVER", "CONFIGURE", "CONFLICT", "KEY_NAMES", "LEAVE", "REMOVE", "SYNC",
+]  # fmt: skip
 
 KEY_NAMES: Final = (
     "limit", "seq", "queue", "wexp", "leases", "grace", "configured", "clock", "members",
@@ -96,6 +99,12 @@ local function restore(size)
   if lost() then redis.call('SET', K_GRACE, '1', 'PX', TTL) end
 end
 
+-- The clock names the Redis that keeps the state (`CHECK_SERVER` compares it on every new
+-- connection): set it once it is not.
+if redis.call('HEXISTS', K_CLOCK, 'run') == 0 then
+  redis.call('HSET', K_CLOCK, 'run', string.match(redis.call('INFO', 'server'), 'run_id:(%w+)'))
+end
+
 -- The global size, restored from the one this process last saw if it is gone.
 local function current_limit()
   local limit = tonumber(redis.call('GET', K_LIMIT))
@@ -141,8 +150,8 @@ end
 -- {status, limit, held, queued, stamp, expiry, ...}: the stamp (Redis's µs; scripts run one
 -- at a time) lets a client ignore an older answer that reaches it after a newer one; expiry
 -- is the milliseconds until the next lease expires or the grace period ends (-1: neither),
--- when a process with waiters checks again. Nothing held or queued: the ticket counter and
--- the clock go (they restart from anything).
+-- when a process with waiters checks again. Nothing held or queued: the ticket counter goes
+-- (it restarts from anything), and the clock too once no process lives on the limit.
 local function answer(status, limit, ...)
   local stamp = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local first = redis.call('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')
@@ -151,7 +160,10 @@ local function answer(status, limit, ...)
   local grace = redis.call('PTTL', K_GRACE)
   if grace >= 0 and (expiry < 0 or grace < expiry) then expiry = grace end
   local held, queued = redis.call('ZCARD', K_LEASES), redis.call('ZCARD', K_QUEUE)
-  if held == 0 and queued == 0 then redis.call('DEL', K_SEQ, K_CLOCK) end
+  if held == 0 and queued == 0 then
+    redis.call('DEL', K_SEQ)
+    if redis.call('EXISTS', K_MEMBERS) == 0 then redis.call('DEL', K_CLOCK) end
+  end
   local out = {status, limit, held, queued, stamp, expiry}
   for _, v in ipairs({...}) do out[#out + 1] = v end
   return out
@@ -308,3 +320,21 @@ grant(limit)
 return answer(status, limit, tostring(configured or ''))
 """
 )
+
+# Run on every new connection, before its first command. KEYS: `limit`, `clock`, `grace`;
+# ARGV[1] lease milliseconds. If the limit's state was kept by another Redis than this one (a
+# replica promoted by a failover, a snapshot restored: its last writes may be missing), hand
+# out nothing for one lease while live processes re-register what they hold. Every process
+# reconnects after a failover, so one of them finds it before any script runs there.
+# Answers 1 if it started a grace period, else 0.
+CHECK_SERVER: Final = """
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local kept = redis.call('HGET', KEYS[2], 'run')
+redis.call('HSET', KEYS[2], 'run', run)
+if kept and kept ~= run then
+  redis.call('SET', KEYS[3], '1', 'PX', ARGV[1])
+  return 1
+end
+return 0
+"""

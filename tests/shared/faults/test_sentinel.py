@@ -1,0 +1,94 @@
+"""A global limit on Redis Sentinel (`redis+sentinel://`), failed over during a flood while
+one process holds every slot and others' clients queue: planned (`SENTINEL FAILOVER`), and
+after a crash that loses the writes of the holder's admissions (the replica was held back,
+then the master killed) while the holder is slow to come back (stopped until a quarter lease
+after the promotion). The processes follow the new master; finding the limit's state
+kept by another Redis (its last writes may be missing), they grant nothing for one lease
+while the holders re-register, so the witness never sees more holders than the limit;
+full again within 2 leases after the holders' work ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.shared.faults.fleet import Fleet, unreconciled
+from tests.shared.faults.runs import FAST, LEASE, Run, leftover_keys, runs, summary
+from tests.shared.faults.sentinel import SentinelDeployment
+from tests.shared.faults.witness import Witness
+
+HOLD = [0.03, 0.08]
+
+
+@pytest.fixture
+def sentinel(tmp_path: Path) -> Iterator[SentinelDeployment]:
+    folder = tmp_path / "sentinel"
+    folder.mkdir()
+    deployment = SentinelDeployment(folder)
+    yield deployment
+    deployment.stop()
+
+
+def test_a_failover_during_a_flood_never_admits_over_the_limit(
+    fleet: Fleet, witness: Witness, sentinel: SentinelDeployment
+) -> None:
+    limit = 3
+    holder = fleet.start("holder", sentinel.url, limit, **FAST)
+    waiting = fleet.start("waiting", sentinel.url, limit, **FAST)
+    flooding = fleet.start("flooding", sentinel.url, limit, **FAST)
+    windows = []
+    for run in range(runs(4)):
+        way = ("crash", "planned")[run % 2]
+        if way == "crash":  # the replica keeps an idle limit; what follows never reaches it
+            for agent in (waiting, flooding):
+                agent.ask("demand", clients=0, hold=HOLD)
+            time.sleep(0.3)
+            sentinel.hold_back_replica()
+        assert holder.ask("hold", slots=limit) == {"held": limit}
+        for agent in (waiting, flooding):  # queued behind the holder
+            agent.ask("demand", clients=limit + 1, hold=HOLD)
+        start = witness.mark(f"failover {run} ({way})")
+        if way == "crash":  # the holder is slow to come back: its clients queue elsewhere
+            os.kill(holder.process.pid, signal.SIGSTOP)
+            try:
+                sentinel.crash()
+                time.sleep(LEASE / 4)
+            finally:
+                os.kill(holder.process.pid, signal.SIGCONT)
+            sentinel.rejoin()
+        else:
+            sentinel.failover()
+        time.sleep(LEASE)  # the holder's work goes on past the failover
+        holder.ask("release")
+        end = witness.mark(f"failover {run} end")
+        time.sleep(2 * LEASE)
+        windows.append((way, start, end))
+    finals = fleet.stop()
+
+    timeline = witness.timeline()
+    rows = []
+    for way, start, end in windows:
+        over = timeline.over(limit, start, end + 2 * LEASE)
+        full = timeline.full_again(limit, end)
+        rows.append(
+            Run(
+                "failover",
+                way,
+                max([i.peak for i in over], default=limit),
+                sum(i.seconds for i in over),
+                None if full is None else full - end,
+            )
+        )
+    line = summary("Sentinel failover during a flood", limit, rows)
+    assert [r for r in rows if r.over] == [], line
+    assert all(
+        r.recovered_seconds is not None and r.recovered_seconds <= 2 * LEASE for r in rows
+    ), rows
+    assert unreconciled(finals) == []
+    master = next(n for n in sentinel.nodes if n.port == sentinel.master_port())
+    assert leftover_keys(master.client()) == []
