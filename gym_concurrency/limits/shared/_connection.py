@@ -4,7 +4,9 @@ client for the heartbeat thread), and telling a misconfiguration from an outage.
 
 `redis://`, `rediss://` (TLS) and `unix://` URLs name one server; `redis+sentinel://host:port
 [,host:port...]/service[/db]` names the master of `service` as Redis Sentinel reports it
-(the clients follow a failover).
+(the clients follow a failover); `redis+cluster://host:port[,host:port...]` names a Redis
+Cluster by some of its nodes (a limit's keys share one hash slot, so one primary at a time
+keeps them; the clients follow a failover).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 __all__ = ["SCHEMES", "Connection", "misconfiguration", "safe_url", "sentinel_parts"]
 
-SCHEMES: Final = ("redis://", "rediss://", "unix://", "redis+sentinel://")
+SCHEMES: Final = ("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://")
+_SENTINEL: Final = "redis+sentinel://"
+_CLUSTER: Final = "redis+cluster://"
 
 
 def safe_url(url: str) -> str:
@@ -69,12 +73,23 @@ class Connection:
     async def _connected(self, connection: Any) -> None:
         await connection.on_connect()
         await connection.send_command(*self._check)
-        await connection.read_response()
+        try:
+            await connection.read_response()
+        except Exception as error:
+            if not _elsewhere(error):
+                raise
 
     def _connected_blocking(self, connection: Any) -> None:
         connection.on_connect()
+        self._check_blocking(connection)
+
+    def _check_blocking(self, connection: Any) -> None:
         connection.send_command(*self._check)
-        connection.read_response()
+        try:
+            connection.read_response()
+        except Exception as error:
+            if not _elsewhere(error):
+                raise
 
     def admissions(self) -> Any:
         """An asyncio client with a bounded pool, each call bounded by the Redis timeout."""
@@ -88,8 +103,10 @@ class Connection:
             "retry": Retry(NoBackoff(), 1),
             "redis_connect_func": self._connected,
         }
-        if self.url.startswith("redis+sentinel://"):
+        if self.url.startswith(_SENTINEL):
             return self._async_sentinel(self._timeout, common)
+        if self.url.startswith(_CLUSTER):
+            return self._async_cluster(self._timeout, common)
         pool = aioredis.BlockingConnectionPool.from_url(
             self.url,
             max_connections=self._max_connections,
@@ -110,8 +127,10 @@ class Connection:
             "retry": Retry(NoBackoff(), 1),
             "redis_connect_func": self._connected,
         }
-        if self.url.startswith("redis+sentinel://"):
+        if self.url.startswith(_SENTINEL):
             return self._async_sentinel(wait + self._timeout, common)
+        if self.url.startswith(_CLUSTER):
+            return self._async_cluster(wait + self._timeout, common)
         return aioredis.Redis.from_url(self.url, socket_timeout=wait + self._timeout, **common)
 
     def blocking(self) -> Any:
@@ -127,7 +146,15 @@ class Connection:
             "retry": Retry(NoBackoff(), 1),
             "redis_connect_func": self._connected_blocking,
         }
-        if self.url.startswith("redis+sentinel://"):
+        if self.url.startswith(_CLUSTER):
+            from redis.cluster import ClusterNode, RedisCluster
+
+            hosts, options = cluster_parts(self.url)
+            common["redis_connect_func"] = self._check_blocking  # (after the cluster's own)
+            del common["retry"]  # (the cluster retries by its own rules)
+            nodes = [ClusterNode(host, port) for host, port in hosts]  # type: ignore[no-untyped-call]
+            return RedisCluster(startup_nodes=nodes, **options, **common)
+        if self.url.startswith(_SENTINEL):
             from redis.sentinel import Sentinel
 
             hosts, service, db, options = sentinel_parts(self.url)
@@ -138,6 +165,26 @@ class Connection:
                 service, db=db, **options, **common
             )
         return redis.Redis.from_url(self.url, **common)  # (one thread: one connection)
+
+    def _async_cluster(self, timeout: float, common: dict[str, Any]) -> Any:
+        from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+        hosts, options = cluster_parts(self.url)
+        nodes = [ClusterNode(host, port) for host, port in hosts]
+        rest = {k: v for k, v in common.items() if k not in ("retry", "redis_connect_func")}
+        client = RedisCluster(
+            startup_nodes=nodes,
+            max_connections=self._max_connections,
+            socket_timeout=timeout,
+            **options,
+            **rest,
+        )
+        # The asyncio cluster takes no connect hook as an argument: every node it makes
+        # (those it starts from, those it learns) is made from these connection arguments.
+        client.connection_kwargs["redis_connect_func"] = self._connected
+        for node in client.startup_nodes:
+            node.connection_kwargs["redis_connect_func"] = self._connected
+        return client
 
     def _async_sentinel(self, timeout: float, common: dict[str, Any]) -> Any:
         from redis.asyncio.sentinel import Sentinel
@@ -177,6 +224,32 @@ def sentinel_parts(url: str) -> tuple[list[tuple[str, int]], str, int, dict[str,
     if "sentinel_password" in query:  # the sentinels' own (the URL's is the master's)
         options["sentinel_password"] = query["sentinel_password"][0]
     return hosts, path[0], db, options
+
+
+def cluster_parts(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """(some nodes, client options) of a redis+cluster:// URL:
+    `redis+cluster://[user:password@]host:port[,host:port...][/][?ssl=true]`."""
+    parts = urlsplit(url)
+    hosts = []
+    for item in parts.netloc.rsplit("@", 1)[-1].split(","):
+        host, _, port = item.rpartition(":")
+        hosts.append((host or item, int(port) if port.isdigit() else 6379))
+    options: dict[str, Any] = {}
+    if parts.username:
+        options["username"] = unquote(parts.username)
+    if parts.password:
+        options["password"] = unquote(parts.password)
+    if parse_qs(parts.query).get("ssl", ["false"])[0].lower() in ("1", "true", "yes"):
+        options["ssl"] = True
+    return hosts, options
+
+
+def _elsewhere(error: BaseException) -> bool:
+    """True for a Redis Cluster's answer that the limit's keys live on another node (a new
+    connection made to learn the cluster's layout): nothing to check there."""
+    from redis.exceptions import AskError, ClusterDownError, TryAgainError
+
+    return isinstance(error, AskError | ClusterDownError | TryAgainError)
 
 
 def _sentinel_kwargs(options: dict[str, Any], timeout: float) -> dict[str, Any]:

@@ -46,11 +46,15 @@ class SentinelDeployment:
         self._wait(self._sees_replica, "the sentinel to see the replica")
         self.url = f"redis+sentinel://127.0.0.1:{self.port}/{SERVICE}/0"
 
+    def primary(self, key: str = "") -> RedisServer:
+        """The master now (whatever the key)."""
+        return next(n for n in self.nodes if n.port == self.master_port())
+
     def master_port(self) -> int:
         _, port = self.client.sentinel_get_master_addr_by_name(SERVICE)
         return int(port)
 
-    def failover(self, within: float = 30.0) -> None:
+    def failover(self, key: str = "", within: float = 30.0) -> None:
         """Promote the replica; return once the sentinel names it and it takes writes, and
         the old master follows it."""
         before = self.master_port()
@@ -62,14 +66,14 @@ class SentinelDeployment:
         self._wait(lambda: self._link_up(old), "the old master to follow the new one", within)
         self._wait(self._sees_replica, "the sentinel to see the new replica", within)
 
-    def hold_back_replica(self) -> None:
+    def hold_back_replica(self, key: str = "") -> None:
         """The replica stops taking the master's writes (until `crash()`): it is stopped,
         and its link closed, so that nothing more reaches it even from a socket buffer."""
         self._replica().pause()
         master = next(n for n in self.nodes if n.port == self.master_port())
         master.client().client_kill_filter(_type="replica")
 
-    def crash(self) -> None:
+    def crash(self, key: str = "") -> None:
         """Kill the master (its writes since `hold_back_replica()` are lost) and let the
         sentinel promote the replica."""
         before = self.master_port()

@@ -1,4 +1,5 @@
-"""A global limit on Redis Sentinel (`redis+sentinel://`), failed over during a flood while
+"""A global limit on Redis Sentinel (`redis+sentinel://`) and on a Redis Cluster
+(`redis+cluster://`), failed over during a flood while
 one process holds every slot and others' clients queue: planned (`SENTINEL FAILOVER`), and
 after a crash that loses the writes of the holder's admissions (the replica was held back,
 then the master killed) while the holder is slow to come back (stopped until a quarter lease
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.shared.faults.cluster import ClusterDeployment
 from tests.shared.faults.fleet import Fleet, unreconciled
 from tests.shared.faults.runs import FAST, LEASE, Run, leftover_keys, runs, summary
 from tests.shared.faults.sentinel import SentinelDeployment
@@ -25,22 +27,27 @@ from tests.shared.faults.witness import Witness
 HOLD = [0.03, 0.08]
 
 
-@pytest.fixture
-def sentinel(tmp_path: Path) -> Iterator[SentinelDeployment]:
-    folder = tmp_path / "sentinel"
+Deployment = SentinelDeployment | ClusterDeployment
+
+
+@pytest.fixture(params=["sentinel", "cluster"])
+def deployment(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Deployment]:
+    folder = tmp_path / request.param
     folder.mkdir()
-    deployment = SentinelDeployment(folder)
-    yield deployment
-    deployment.stop()
+    made: Deployment = (
+        SentinelDeployment(folder) if request.param == "sentinel" else ClusterDeployment(folder)
+    )
+    yield made
+    made.stop()
 
 
 def test_a_failover_during_a_flood_never_admits_over_the_limit(
-    fleet: Fleet, witness: Witness, sentinel: SentinelDeployment
+    fleet: Fleet, witness: Witness, deployment: Deployment, key: str
 ) -> None:
     limit = 3
-    holder = fleet.start("holder", sentinel.url, limit, **FAST)
-    waiting = fleet.start("waiting", sentinel.url, limit, **FAST)
-    flooding = fleet.start("flooding", sentinel.url, limit, **FAST)
+    holder = fleet.start("holder", deployment.url, limit, **FAST)
+    waiting = fleet.start("waiting", deployment.url, limit, **FAST)
+    flooding = fleet.start("flooding", deployment.url, limit, **FAST)
     windows = []
     for run in range(runs(4)):
         way = ("crash", "planned")[run % 2]
@@ -48,7 +55,7 @@ def test_a_failover_during_a_flood_never_admits_over_the_limit(
             for agent in (waiting, flooding):
                 agent.ask("demand", clients=0, hold=HOLD)
             time.sleep(0.3)
-            sentinel.hold_back_replica()
+            deployment.hold_back_replica(key)
         assert holder.ask("hold", slots=limit) == {"held": limit}
         for agent in (waiting, flooding):  # queued behind the holder
             agent.ask("demand", clients=limit + 1, hold=HOLD)
@@ -56,13 +63,13 @@ def test_a_failover_during_a_flood_never_admits_over_the_limit(
         if way == "crash":  # the holder is slow to come back: its clients queue elsewhere
             os.kill(holder.process.pid, signal.SIGSTOP)
             try:
-                sentinel.crash()
+                deployment.crash(key)
                 time.sleep(LEASE / 4)
             finally:
                 os.kill(holder.process.pid, signal.SIGCONT)
-            sentinel.rejoin()
+            deployment.rejoin()
         else:
-            sentinel.failover()
+            deployment.failover(key)
         time.sleep(LEASE)  # the holder's work goes on past the failover
         holder.ask("release")
         end = witness.mark(f"failover {run} end")
@@ -84,11 +91,11 @@ def test_a_failover_during_a_flood_never_admits_over_the_limit(
                 None if full is None else full - end,
             )
         )
-    line = summary("Sentinel failover during a flood", limit, rows)
+    kind = type(deployment).__name__.removesuffix("Deployment")
+    line = summary(f"{kind} failover during a flood", limit, rows)
     assert [r for r in rows if r.over] == [], line
     assert all(
         r.recovered_seconds is not None and r.recovered_seconds <= 2 * LEASE for r in rows
     ), rows
     assert unreconciled(finals) == []
-    master = next(n for n in sentinel.nodes if n.port == sentinel.master_port())
-    assert leftover_keys(master.client()) == []
+    assert leftover_keys(deployment.primary(key).client()) == []
