@@ -39,11 +39,6 @@ class Fallback:
         inner.add_done_callback(on_admitted)
         return inner
 
-    def fit(self, slots: int) -> None:
-        """Admit up to `slots` from now on (growing admits waiters; shrinking revokes none)."""
-        if slots != self._semaphore.limit:
-            self._semaphore.resize(slots)
-
     def leave(self, inner: asyncio.Future[Admission]) -> None:
         """Stop waiting in the local queue (a slot just handed to `inner` passes on)."""
         self._semaphore.leave(inner)

@@ -57,8 +57,10 @@ class Heartbeat:
 
     def start(self) -> None:
         """Start the thread (daemon: it never keeps a process alive)."""
-        self._stopped.clear()
-        self._first.clear()
+        # New events and lock: a forked child must not inherit one its parent's thread held.
+        self._stopped = threading.Event()
+        self._first = threading.Event()
+        self._beat_lock = threading.Lock()
         self._thread = threading.Thread(
             target=self._run, name=f"{self._describe} heartbeat", daemon=True
         )

@@ -164,6 +164,7 @@ class RedisStore:
         from redis.exceptions import RedisError
 
         self.proc = proc
+        self._lock = threading.Lock()  # (new: a forked child must not inherit a held one)
         self.failures = (RedisError, OSError, TimeoutError)
         self._client = self._connection.admissions()
         self._mailbox_client = self._connection.mailbox(RECHECK_SECONDS)

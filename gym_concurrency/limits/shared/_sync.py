@@ -93,12 +93,14 @@ class RedisSync:
         self._unremoved.clear()
         self._removing = False
         self._size_lock = asyncio.Lock()
-        with self.lock:
-            self.dropping.clear()
-            self._inflight = set()
-            self._deferred = []
-            self.lost.clear()
-            self.unregistered.clear()
+        # New locks: a forked child must not inherit one its parent's thread held.
+        self.lock = threading.Lock()
+        self._renewing = threading.Lock()
+        self.dropping.clear()
+        self._inflight = set()
+        self._deferred = []
+        self.lost.clear()
+        self.unregistered.clear()
         self.renewed_at = -math.inf
 
     def unsent_ids(self) -> list[str]:

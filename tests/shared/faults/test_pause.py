@@ -75,6 +75,8 @@ def test_a_paused_redis_expires_no_lease_for_the_time_it_was_stopped(
         r.recovered_seconds is not None and r.recovered_seconds <= 2 * LEASE for r in rows
     ), rows
     if mode == "local":  # while Redis was away, each process stayed within its fallback
+        outage = max(timeline.peak(start, resumed) for _, start, resumed, _ in windows)
+        print(f"holders while Redis was paused: at most {outage} (limit {limit})")
         for multiple, start, resumed, _ in windows:
             if multiple >= 1:  # (a shorter pause may end before an arrival reaches it)
                 assert len(timeline.entries("arriving", start, resumed, how="f")) > 0
