@@ -592,3 +592,12 @@ def test_the_environment_wins_over_the_file(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("GYM_CONCURRENCY_ROUTES__2__PATH", "/x")
     with pytest.raises(SettingsError, match=r"GYM_CONCURRENCY_ROUTES__2__PATH"):
         ConcurrencySettings.from_file(path)
+
+
+def test_the_redis_key_prefix_is_read_and_checked(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("GYM_CONCURRENCY_REDIS_KEY_PREFIX", "team_blue")
+    assert ConcurrencySettings().redis_key_prefix == "team_blue"
+    assert ConcurrencySettings(redis_key_prefix=None).redis_key_prefix is None
+    for bad in ("a{b}", "", "two words"):
+        with pytest.raises(ValidationError, match="redis_key_prefix"):
+            ConcurrencySettings(redis_key_prefix=bad)

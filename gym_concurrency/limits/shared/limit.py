@@ -53,8 +53,8 @@ class SharedLimit(LimitBase):
     processes, FIFO by ticket, `timeout` and `max_queue` (the global queue) per waiter, each
     failed admission counted once in the process where it happened. When Redis cannot be
     reached, `redis_unavailable="refuse"` ends an admission "unavailable" and `"local"` admits
-    it through a process-local semaphore of `local_max_concurrent` slots (counting the
-    global slots this process still holds); both are counted in `admission_unavailable`.
+    it through a process-local semaphore of `local_max_concurrent` slots (registered as
+    leases once Redis answers again); both are counted in `admission_unavailable`.
     Leases this process could not renew within `lease_seconds` are counted in
     `admission_lease_lost`, logged, and handed to `on_lease_lost(limit, ids)`.
 
