@@ -13,8 +13,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gym_concurrency import SharedLimit, observe_concurrency
-from gym_concurrency.names import ADMISSION_LEASE_LOST_INSTRUMENT
+from gym_concurrency import (
+    COMPONENT_ATTRIBUTE,
+    LIMIT_NAME_ATTRIBUTE,
+    SharedLimit,
+    observe_concurrency,
+)
+from gym_concurrency.names import ADMISSION_LEASE_LOST_INSTRUMENT, SCOPE_ATTRIBUTE
 from tests.metrics_capture import MetricsCapture
 from tests.shared.helpers import Limits, held_ids, leases, queued, settle, wait_for
 from tests.shared.redis_server import RedisServer
@@ -87,8 +92,14 @@ async def test_leases_not_renewed_within_the_lease_are_counted_lost_and_admissio
         assert limit.admission_lease_lost == 1
         assert not limit.connected
         assert await limit.enqueue() == "unavailable"  # nothing new while they may be lost
-        (value,) = metrics.values(ADMISSION_LEASE_LOST_INSTRUMENT).values()
-        assert value == 1
+        ours = frozenset(
+            {
+                COMPONENT_ATTRIBUTE: "faults",
+                LIMIT_NAME_ATTRIBUTE: "lost",
+                SCOPE_ATTRIBUTE: "global",
+            }.items()
+        )
+        assert metrics.values(ADMISSION_LEASE_LOST_INSTRUMENT)[ours] == 1
         line = next(r.getMessage() for r in caplog.records if "could not renew" in r.getMessage())
         assert "faults/lost" in line  # the limit
         assert next(iter(held)) in line  # and its holders

@@ -89,12 +89,14 @@ class Heartbeat:
 
     def _run(self) -> None:
         store = self._store
-        try:
-            store.start_blocking()
-        except Exception:  # a URL the client cannot use: the admissions report it too
-            _log.exception("gym_concurrency: %s: heartbeat cannot start", self._describe)
-            self._first.set()
-            return
+        while not store.blocking_started:  # (a cluster's client asks a node at once)
+            try:
+                store.start_blocking()
+            except Exception as error:  # the admissions report an unusable URL too
+                store.failed("heartbeat", error)
+                self._first.set()
+                if self._stopped.wait(self._probe):
+                    return
         recheck = min(self._period, RECHECK_SECONDS)
         last = last_full = -math.inf
         while not self._stopped.is_set():

@@ -76,6 +76,7 @@ class RedisSync:
         self.lease_lost = 0  # leases found lost (monotonic)
         self.unregistered: set[str] = set()  # fallback slots Redis has not been told of yet
         self.renewed_at = -math.inf  # (monotonic) when the last full renewal that worked was sent
+        self.renew_soon = False  # a notification could not be trusted: renew at once
         self._renewing = threading.Lock()  # one renewal at a time
         self._unsent: list[Waiter] = []  # waiters not yet sent to Redis, in arrival order
         self._registering = False
@@ -167,9 +168,9 @@ class RedisSync:
 
     @property
     def renew_now(self) -> bool:
-        """True while a full renewal is due at once: Redis is away (a probe), or slots held
-        here are not counted in Redis yet."""
-        return self._store.down or bool(self.unregistered)
+        """True while a full renewal is due at once: Redis is away (a probe), slots held
+        here are not counted in Redis yet, or a notification waits for one."""
+        return self._store.down or bool(self.unregistered) or self.renew_soon
 
     async def _register_batch(self, waiters: list[Waiter]) -> None:
         ids = [w.id for w in waiters if w.id is not None]
@@ -211,6 +212,19 @@ class RedisSync:
         self._waiters.end(waiter)
         self._held[lease] = waiter.sent_at  # (its deadline was set then, or renewed since)
         waiter.future.set_result("admitted")
+
+    def notified(self, lease: str) -> None:
+        """The mailbox says Redis handed `lease` a slot. Trusted while this process's
+        renewals are recent: else the lease may have expired since (a process cut off, or
+        stopped), so the next renewal, which renews it in the same step, says (`granted`)."""
+        waiter = self._waiters.named(lease)
+        if waiter is not None and not waiter.future.done():
+            confirmed = max(waiter.sent_at, self.renewed_at)
+            stale = time.monotonic() > confirmed + self._lease_seconds * 2 / 3
+            if self.refusing() or stale:
+                self.renew_soon = True
+                return
+        self.granted(lease)
 
     def granted(self, lease: str) -> None:
         """Redis handed `lease` (a waiter's id) a slot: admit its waiter, or pass it on."""
@@ -350,6 +364,7 @@ class RedisSync:
             back = 0
             if full:
                 self.renewed_at = sent
+                self.renew_soon = False
                 with self.lock:
                     self.unregistered.difference_update(held)
                     back, self.lost = len(self.lost), set()

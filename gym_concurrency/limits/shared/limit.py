@@ -526,7 +526,7 @@ class SharedLimit(LimitBase):
                 mailbox(
                     self._store,
                     self._store.mailbox_prefix + self._proc,
-                    granted=self._sync.granted,
+                    granted=self._sync.notified,
                     closed=self._is_closed,
                     describe=describe,
                 ),

@@ -67,9 +67,18 @@ end
 local now = clock()
 redis.call('HSET', K_CLOCK, 'v', now, 't', real)
 
--- Drop expired leases (their process stopped renewing them), waiters and members.
+-- Drop expired leases (their process stopped renewing them), waiters and members. A lease
+-- that expires takes its notification back if its process never read it (a process cut
+-- off must not be told of a slot that has gone to someone else meanwhile).
 local function reap()
-  redis.call('ZREMRANGEBYSCORE', K_LEASES, '-inf', now)
+  while true do
+    local dead = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now, 'LIMIT', 0, 500)
+    if #dead == 0 then break end
+    for _, id in ipairs(dead) do
+      redis.call('LREM', MBOX .. string.match(id, '^[^:]+'), 0, id)
+    end
+    redis.call('ZREM', K_LEASES, unpack(dead))
+  end
   redis.call('ZREMRANGEBYSCORE', K_MEMBERS, '-inf', now)
   while true do
     local dead = redis.call('ZRANGEBYSCORE', K_WEXP, '-inf', now, 'LIMIT', 0, 500)

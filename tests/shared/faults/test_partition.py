@@ -61,8 +61,14 @@ def test_a_process_cut_off_longer_than_its_lease_admits_nothing_new(
             )
         )
         # Over only by the holders it had when cut off: without them, never over.
-        if timeline.over(limit, start, done + 2 * LEASE, exclude={"cut.hold": limit}):
+        beyond = timeline.over(limit, start, done + 2 * LEASE, exclude={"cut.hold": limit})
+        if beyond:
             wrong.append(f"{mode}: over the limit beyond the cut-off holders")
+            for i in beyond:
+                print(
+                    f"  {mode}: at {i.start - start:.3f} s after the cut ({healed - start:.3f}"
+                    f" healed, {done - start:.3f} done), {i.seconds:.3f} s, {i.holders}"
+                )
         if timeline.over(limit, done, done + 2 * LEASE):
             wrong.append(f"{mode}: over the limit after the cut-off holders' work ended")
         if timeline.entries("cut", start, healed):
