@@ -2,26 +2,8 @@
 `GYM_CONCURRENCY_*` environment variables or a YAML / JSON file (`ConcurrencySettings.from_file`);
 keyword arguments win over the environment, the environment over the file."""
 
+from . import models
 from .environment import EnvironmentSettingsError
-from .models import (
-    DEFAULT_MAX_QUEUED_BODY_BYTES,
-    DEFAULT_MAX_QUEUED_BODY_BYTES_TOTAL,
-    DEFAULT_REFUSAL_BODY_TIMEOUT_SECONDS,
-    AdaptiveLimit,
-    ConcurrencySettings,
-    FailureProfile,
-    OperationLimit,
-    RouteLimit,
-)
+from .models import *  # noqa: F403
 
-__all__ = [
-    "DEFAULT_MAX_QUEUED_BODY_BYTES",
-    "DEFAULT_MAX_QUEUED_BODY_BYTES_TOTAL",
-    "DEFAULT_REFUSAL_BODY_TIMEOUT_SECONDS",
-    "AdaptiveLimit",
-    "ConcurrencySettings",
-    "EnvironmentSettingsError",
-    "FailureProfile",
-    "OperationLimit",
-    "RouteLimit",
-]
+__all__ = [*models.__all__, "EnvironmentSettingsError"]

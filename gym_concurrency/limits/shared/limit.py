@@ -18,11 +18,12 @@ import itertools
 import os
 import uuid
 from collections.abc import Iterator
-from typing import Final, Literal, get_args
+from typing import Final
 
 from .._base import LimitBase, check_count, check_seconds
 from ..limit import Admission, GlobalStatistics, LimitStatistics
 from . import scripts
+from ._checks import RedisUnavailable, check_key, check_mode, check_name, check_url
 from ._fallback import Fallback
 from ._loops import heartbeat, mailbox
 from ._store import PendingSize, RedisStore
@@ -30,8 +31,6 @@ from ._sync import RedisSync
 from ._waiters import Waiter, Waiters
 
 __all__ = ["RedisUnavailable", "SharedLimit"]
-
-RedisUnavailable = Literal["refuse", "local"]
 
 
 _CLOSE_SECONDS: Final = 2.0  # how long close() waits for in-flight Redis calls
@@ -78,9 +77,9 @@ class SharedLimit(LimitBase):
             timeout=timeout,
             max_queue=max_queue,
         )
-        shared_key = _check_key(key, limit_name)
-        _check_url(redis_url)
-        _check_name("key_prefix", key_prefix)
+        shared_key = check_key(key, limit_name)
+        check_url(redis_url)
+        check_name("key_prefix", key_prefix)
         check_seconds(owner, "lease_seconds", lease_seconds)
         check_seconds(owner, "redis_timeout", redis_timeout)
         if redis_timeout >= lease_seconds:
@@ -88,7 +87,7 @@ class SharedLimit(LimitBase):
                 f"SharedLimit redis_timeout must be less than lease_seconds, got "
                 f"redis_timeout={redis_timeout} with lease_seconds={lease_seconds}"
             )
-        _check_mode(redis_unavailable, local_max_concurrent)
+        check_mode(redis_unavailable, local_max_concurrent)
         check_count(owner, "max_connections", max_connections, minimum=1)
         self._key = shared_key
         self._lease_seconds = float(lease_seconds)
@@ -445,42 +444,3 @@ class SharedLimit(LimitBase):
 
     def _is_closed(self) -> bool:
         return self._closed
-
-
-def _check_url(url: object) -> None:
-    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError(
-            f"SharedLimit redis_url must be a redis://, rediss:// or unix:// URL, got {url!r}"
-        )
-
-
-def _check_name(name: str, value: object) -> None:
-    if not isinstance(value, str) or not value or any(c in value for c in "{}"):
-        raise ValueError(
-            f"SharedLimit {name} must be a non-empty string without braces, got {value!r}"
-        )
-
-
-def _check_key(key: str | None, limit_name: str | None) -> str:
-    """The name every process shares: `key`, else `limit_name`; ValueError if neither."""
-    shared_key = key if key is not None else limit_name
-    if shared_key is None:
-        raise ValueError("SharedLimit needs limit_name or key: the name every process shares")
-    _check_name("key" if key is not None else "limit_name", shared_key)
-    return shared_key
-
-
-def _check_mode(mode: object, local_max_concurrent: object) -> None:
-    if mode not in get_args(RedisUnavailable):
-        raise ValueError(f"SharedLimit redis_unavailable must be 'refuse' or 'local', got {mode!r}")
-    if mode == "local":
-        if local_max_concurrent is None:
-            raise ValueError(
-                "SharedLimit local_max_concurrent is required with redis_unavailable='local'"
-            )
-        check_count("SharedLimit", "local_max_concurrent", local_max_concurrent)
-    elif local_max_concurrent is not None:
-        raise ValueError(
-            "SharedLimit local_max_concurrent applies only with redis_unavailable='local'"
-            f", got {local_max_concurrent!r} with redis_unavailable={mode!r}"
-        )
