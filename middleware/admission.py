@@ -230,7 +230,7 @@ class ConcurrencyLimitMiddleware:
                 table = RouteTable.compile(app, [(r.config, r) for r in limits.routes])
                 check_operation_names(app, limits.operations)
             except UnknownRouteError as error:
-                raise ConcurrencyConfigError(f"gym_concurrency: reload refused: {error}") from None
+                raise ConcurrencyConfigError(f"gym_concurrency: {error}") from None
         changes = limits.apply()
         self._queued.max_body_bytes = settings.max_queued_body_bytes
         self._queued.bodies.limit = settings.max_queued_body_bytes_total
@@ -238,8 +238,8 @@ class ConcurrencyLimitMiddleware:
         self._bind(limits)
         self.settings, self.limits, self._table = settings, limits, table
         self._operations = bool(limits.operations)
-        for change in changes:
-            _log.info("gym_concurrency reload: %s", change)
+        for change in changes:  # WARNING: shown by Python's (and uvicorn's) default logging
+            _log.warning("gym_concurrency reload: %s", change)
         return changes
 
     def _bind(self, limits: ConcurrencyLimits) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from opentelemetry.metrics import MeterProvider
+from pydantic import BaseModel
 
 from gym_concurrency import MeteredSemaphore, SharedLimit, observe_concurrency
 from gym_concurrency.limits import Limit
@@ -175,6 +176,11 @@ class ConcurrencyLimits:
             for name in previous.operations
             if name not in self.operations
         ]
+        changes += [  # settings of every limit: the body bounds, close_connection_on_refusal
+            f"{field} {old!r} -> {new!r}"
+            for field, old, new in _changed_fields(previous.settings, self.settings)
+            if field not in ("routes", "operations")
+        ]
         return changes
 
     def limits(self) -> list[Limit]:
@@ -288,9 +294,7 @@ class ConcurrencyLimits:
         return attributes
 
 
-def _changed_fields(
-    old: RouteLimit | OperationLimit, new: RouteLimit | OperationLimit
-) -> list[tuple[str, object, object]]:
+def _changed_fields(old: BaseModel, new: BaseModel) -> list[tuple[str, object, object]]:
     """(field, old value, new value) for every field the two configurations set differently."""
     before, after = old.model_dump(), new.model_dump()
     return [(name, before[name], value) for name, value in after.items() if before[name] != value]
