@@ -1,12 +1,12 @@
 """`adaptive=` of an outbound client: the controllers of adaptive routes
-(gym_concurrency.adaptive), bound to the client's limit and fed by its attempts."""
+(gym_concurrency.limits.adaptive), bound to the client's limit and fed by its attempts."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from ..adaptive import AdaptiveController, AdaptiveLimiter, Algorithm, make_controller
-from ..limit import Limit
+from ..limits import Limit
+from ..limits.adaptive import AdaptiveController, AdaptiveLimiter, Algorithm, make_controller
 
 __all__ = ["OVERLOAD_STATUSES", "AdaptiveConfig", "adaptive_limiter"]
 

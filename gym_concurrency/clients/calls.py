@@ -24,8 +24,8 @@ from typing import Generic, Protocol, TypeVar
 
 from opentelemetry.metrics import MeterProvider
 
-from ..adaptive import AdaptiveController, AdaptiveLimiter
-from ..limit import Limit
+from ..limits import Limit
+from ..limits.adaptive import AdaptiveController, AdaptiveLimiter
 from .adaptive import AdaptiveConfig, adaptive_limiter
 from .budget import RetryBudget
 from .metrics import ClientMetrics

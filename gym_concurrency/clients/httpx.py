@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 import httpx
 from opentelemetry.metrics import MeterProvider
 
-from ..adaptive import AdaptiveController
-from ..limit import Limit
+from ..limits import Limit
+from ..limits.adaptive import AdaptiveController
 from .adaptive import AdaptiveConfig
 from .calls import DeadlineExceeded, LimitedCalls, Slot
 from .retry import RetryPolicy, RetryReason

@@ -8,7 +8,7 @@ from __future__ import annotations
 from opentelemetry.metrics import Meter, MeterProvider
 
 from .. import names
-from ..limit import Limit
+from ..limits import Limit
 from ..meters import PerMeter, SafeRecorder
 from .retry import BackoffSource, DeniedReason, RetryReason
 

@@ -13,8 +13,8 @@ import pytest
 from gym_concurrency.middleware import AdaptiveLimit
 
 from gym_concurrency import MeteredSemaphore, SharedLimit, names
-from gym_concurrency.adaptive import GradientController, limiter_of
 from gym_concurrency.clients import LimitedTransport, RetryPolicy
+from gym_concurrency.limits.adaptive import GradientController, limiter_of
 from tests.clients.callers import Caller
 from tests.clients.upstream import Reply, Upstream
 from tests.metrics_capture import MetricsCapture
