@@ -38,6 +38,11 @@ class RetryBudget:
         self._firsts: deque[float] = deque()
         self._retries: deque[float] = deque()
 
+    def set_bound(self, ratio: float, min_per_second: float) -> None:
+        """Change the bound (a reload); what the window has seen so far counts on."""
+        self.ratio = ratio
+        self._floor = min_per_second * self.window
+
     def first_attempt(self) -> None:
         """A call made its first attempt now (it earns `ratio` of a retry)."""
         self._firsts.append(self._clock())

@@ -119,7 +119,16 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
     """Outbound calls through one limit, retried by one policy (None: one attempt each), with
     one retry budget, adaptive limiter and set of metrics for all of them."""
 
-    __slots__ = ("_budget", "_exchange", "_metrics", "_overload", "limit", "limiter", "retry")
+    __slots__ = (
+        "__weakref__",
+        "_budget",
+        "_exchange",
+        "_metrics",
+        "_overload",
+        "limit",
+        "limiter",
+        "retry",
+    )
 
     def __init__(
         self,
@@ -147,6 +156,16 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
             else None
         )
         self._metrics = ClientMetrics(limit, meter_provider)
+
+    def set_retry(self, retry: RetryPolicy | None) -> None:
+        """Retry later calls by `retry` (a reload); the budget keeps what it has counted."""
+        self.retry = retry
+        if retry is None:
+            self._budget = None
+        elif self._budget is None:
+            self._budget = RetryBudget(retry.budget_ratio, retry.budget_min_per_second)
+        else:
+            self._budget.set_bound(retry.budget_ratio, retry.budget_min_per_second)
 
     @property
     def budget(self) -> RetryBudget | None:
