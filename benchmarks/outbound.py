@@ -120,7 +120,9 @@ async def _caller_factory(config: str, url: str, redis_url: str | None) -> tuple
     async def ours_call(call_id: str) -> bool:
         async with session.post("/v1/chat/completions", json={**BODY, "user": call_id}) as r:
             await r.read()
-            return r.status == 200
+            if r.status != 200:
+                raise RuntimeError(f"status {r.status}")
+            return True
 
     async def close() -> None:
         await session.close()
@@ -138,6 +140,7 @@ async def _child(args: argparse.Namespace) -> dict[str, Any]:
     call, limit, close = await _caller_factory(args.child, args.url, args.redis_url)
     latencies: list[float] = []
     failures = 0
+    kinds: dict[str, int] = {}  # why calls failed
     next_call = 0
     prefix = f"{args.child}-{os.getpid()}-"
     deadline = None if args.mode == "steady" else time.monotonic() + args.seconds
@@ -149,8 +152,10 @@ async def _child(args: argparse.Namespace) -> dict[str, Any]:
             ok = await call(call_id)
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as error:
             ok = False
+            kind = str(error) if isinstance(error, RuntimeError) else type(error).__name__
+            kinds[kind] = kinds.get(kind, 0) + 1
         if ok:
             latencies.append(time.monotonic() - started)
         else:
@@ -184,6 +189,7 @@ async def _child(args: argparse.Namespace) -> dict[str, Any]:
         "config": args.child,
         "completed": len(latencies),
         "failed": failures,
+        "failure_kinds": kinds,
         "elapsed": elapsed,
         "cpu_seconds": time.process_time() - cpu,
         "p50": _quantile(latencies, 0.5),

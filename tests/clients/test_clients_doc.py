@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gym_concurrency.middleware import ConcurrencySettings
 
 from gym_concurrency import MeteredSemaphore
 from tests.clients.upstream import Reply, Upstream
+from tests.servers import UvicornServer
 from tests.shared.redis_server import RedisServer
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "clients.md"
@@ -33,6 +35,7 @@ def test_every_block_has_a_test() -> None:
         "grade_with_aiohttp",
         "shared_judge",
         "adaptive_limit",
+        "limited_client(request.app",
         "gentle",
     ]
     assert len(BLOCKS) == len(markers)
@@ -108,3 +111,26 @@ def test_the_budget_examples() -> None:
     doc = run("gentle")
     assert doc["gentle"].budget_ratio == pytest.approx(0.1)
     assert doc["patient"].deadline_seconds == 600
+
+
+def test_the_settings_file(tmp_path: Path) -> None:
+    (yaml_block,) = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.S)
+    path = tmp_path / "concurrency.yaml"
+    path.write_text(yaml_block)
+    judge, model = ConcurrencySettings.from_file(path).clients
+    assert (judge.limit_name, judge.timeout_seconds) == ("judge", 60)
+    assert judge.retry is not None
+    assert judge.retry.deadline_seconds == 300
+    assert model.adaptive is not None
+
+
+async def test_the_configured_client_in_a_route(upstream: Upstream) -> None:
+    import httpx
+
+    rate_limited_once(upstream)
+    doc = run("limited_client(request.app", JUDGE_URL=upstream.url)
+    with UvicornServer(doc["app"]) as server:
+        async with httpx.AsyncClient(base_url=server.url) as caller:
+            answer = await caller.post("/verify")
+    assert answer.json() == {"judge_status": 200}
+    assert len(upstream.attempts()) == 2  # (its client lived on uvicorn's loop, gone with it)
