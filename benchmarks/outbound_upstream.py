@@ -53,7 +53,8 @@ class Upstream:
         self.started = time.monotonic()
         # one row per request: (arrival - started, status, first attempt of its call?)
         self.requests: list[tuple[float, int, bool]] = []
-        self.service: list[float] = []  # seconds of each request served
+        self.service: list[float] = []  # seconds of each request served, as drawn
+        self.held: list[float] = []  # ... and as it took (the loop's own delays included)
         self.seen: set[str] = set()
         self.not_before: dict[str, float] = {}  # call id -> earliest retry its 429 allowed
         self.early = 0  # attempts that came before their Retry-After
@@ -115,6 +116,7 @@ class Upstream:
         finally:
             self.inside -= 1
         self.service.append(seconds)
+        self.held.append(time.monotonic() - now)
         self.requests.append((now - self.started, 200, first))
         await _reply(send, 200, _COMPLETION)
 
@@ -124,6 +126,7 @@ class Upstream:
             "max_inside": self.max_inside,
             "inside": self.inside,
             "mean_service_seconds": (sum(self.service) / len(self.service)) if self.service else 0,
+            "mean_held_seconds": (sum(self.held) / len(self.held)) if self.held else 0,
             "early": self.early,
             "early_max_seconds": max(self.early_by, default=0.0),
             "requests": self.requests,

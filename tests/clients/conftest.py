@@ -3,6 +3,7 @@ Upstream per test, a limit per test that must be back to idle after it, and a re
 
 from __future__ import annotations
 
+import gc
 import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -61,6 +62,14 @@ async def limit(name: str) -> AsyncIterator[MeteredSemaphore]:
     semaphore = MeteredSemaphore(4, component=name, limit_name="judge", server="resources")
     yield semaphore
     assert (semaphore.active, semaphore.queue_depth) == (0, 0), "a slot leaked"
+
+
+@pytest.fixture(autouse=True)
+def _collected_after() -> Iterator[None]:
+    """Limits a test made (some held in reference cycles: exec'd doc blocks, apps) are gone
+    after it, so that no later test's metrics see them."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -103,6 +103,7 @@ def judge_app(settings: ConcurrencySettings, upstream_url: str) -> FastAPI:
     """A resources server whose /verify calls the judge through the configured client."""
     app = FastAPI()
     clients: dict[str, httpx.AsyncClient] = {}
+    app.state.clients = clients  # dropped by the test (they live on uvicorn's loop)
 
     @app.post("/verify")
     async def verify(request: Request) -> dict[str, Any]:
@@ -198,3 +199,5 @@ async def test_a_global_client_limit_spans_two_servers(
         assert [r.json()["status"] for r in answers] == [200] * 8
         assert upstream.max_active == 2
         assert isinstance(limited_client(first, "judge").limit, SharedLimit)
+    for app in (first, second):
+        app.state.clients.clear()
