@@ -9,6 +9,8 @@ runs in a child process pinned to CPU 1 (two for the global limit): 512 caller t
     nemo_gym        NeMo Gym 0.7.0's own NeMoGymAsyncOpenAI (internal=True: 429/503 retried
                     after 0.5 s, without bound), no limit
     openai_default  openai.AsyncOpenAI with its default retries (max_retries=2), no limit
+    semaphore32     the machine's ceiling for any limit at capacity: asyncio.Semaphore(32) around
+                    plain aiohttp, no retries (none needed: it never exceeds the capacity)
     semaphore64     asyncio.Semaphore(64) around NeMoGymAsyncOpenAI, as NeMo Gym's judges do
     ours_fixed      aiohttp + limited_middleware(MeteredSemaphore(32), retry=RetryPolicy())
     ours_adaptive   the same, limit starting at 128, adaptive=GradientController(1, 256)
@@ -17,8 +19,8 @@ runs in a child process pinned to CPU 1 (two for the global limit): 512 caller t
 Then each runs again closed-loop for 35 s while the upstream is down (503 at once, no
 Retry-After) from 5 s to 25 s; a caller whose call failed waits 1 s before its next call (the
 same application pause for every client). Reported: attempts/s from 10 s into the outage on
-(first attempts and retries apart) and the seconds from recovery until goodput over 0.5 s is
-back at >= 0.95x capacity.
+(first attempts and retries apart) and the seconds from recovery until goodput over 1 s is
+back at >= 0.95x what it was before the outage.
 
     python -m benchmarks.outbound [--calls 5000] [--callers 512] [--rounds 2] [--only A,B]
         [--no-outage] [--raw results/outbound.json] [--summary results/outbound.summary.json]
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import json
 import os
@@ -46,6 +49,7 @@ from typing import Any
 HOST = "127.0.0.1"
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = (
+    "semaphore32",
     "nemo_gym",
     "openai_default",
     "semaphore64",
@@ -57,7 +61,7 @@ OURS = frozenset({"ours_fixed", "ours_adaptive", "ours_global"})
 CAPACITY = 32
 HEALTHY, DOWN, BACK = 5.0, 20.0, 10.0  # the outage run's phases, seconds
 FAILED_CALL_PAUSE = 1.0
-BIN = 0.5  # seconds per bin of the outage timeline
+STEP = 0.25  # seconds between the 1 s windows that look for the recovery
 BODY = {"model": "m", "messages": [{"role": "user", "content": "grade this"}]}
 
 
@@ -95,6 +99,19 @@ async def _caller_factory(config: str, url: str, redis_url: str | None) -> tuple
         return openai_call, None, oai.close
     import aiohttp
 
+    if config == "semaphore32":
+        bare = aiohttp.ClientSession(base_url=url, connector=aiohttp.TCPConnector(limit=0))
+        gate = asyncio.Semaphore(32)
+
+        async def bare_call(call_id: str) -> bool:
+            async with gate, bare.post("/v1/chat/completions", json={**BODY, "user": call_id}) as r:
+                await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"status {r.status}")
+                return True
+
+        return bare_call, None, bare.close
+
     from gym_concurrency import MeteredSemaphore, SharedLimit
     from gym_concurrency.clients import RetryPolicy, limited_middleware
     from gym_concurrency.limits.adaptive import GradientController
@@ -110,7 +127,15 @@ async def _caller_factory(config: str, url: str, redis_url: str | None) -> tuple
         adaptive = GradientController(1, 256, 128)
     else:
         limit = MeteredSemaphore(32, component="bench", limit_name="judge")
-    middleware = limited_middleware(limit, retry=RetryPolicy(), adaptive=adaptive)
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()  # retries and denials by reason (recorded only on those)
+    provider = MeterProvider(metric_readers=[reader])
+    middleware = limited_middleware(
+        limit, retry=RetryPolicy(), adaptive=adaptive, meter_provider=provider
+    )
+    limit.reader = reader  # type: ignore[union-attr]  # read by _child at the end
     session = aiohttp.ClientSession(
         base_url=url,
         middlewares=(middleware,),
@@ -169,6 +194,14 @@ async def _child(args: argparse.Namespace) -> dict[str, Any]:
             if not await one(f"{prefix}{next_call}") and deadline is not None:
                 await asyncio.sleep(FAILED_CALL_PAUSE)
 
+    sizes: list[int] = []  # the limit every 20 ms (it moves in ours_adaptive)
+
+    async def sample_size() -> None:
+        while limit is not None:
+            sizes.append(limit.limit)
+            await asyncio.sleep(0.02)
+
+    sampler = asyncio.create_task(sample_size())
     print("started", file=sys.__stdout__, flush=True)  # (NeMo Gym's prints go to devnull)
     cpu = time.process_time()
     started = time.monotonic()
@@ -181,11 +214,12 @@ async def _child(args: argparse.Namespace) -> dict[str, Any]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     elapsed = time.monotonic() - started
+    sampler.cancel()
     leaked = None if limit is None else {"active": limit.active, "queue_depth": limit.queue_depth}
     final_limit = None if limit is None else limit.limit
-    await close()
+    counted = _retry_counts(limit.reader) if hasattr(limit, "reader") else None
     latencies.sort()
-    return {
+    result = {
         "config": args.child,
         "completed": len(latencies),
         "failed": failures,
@@ -196,7 +230,37 @@ async def _child(args: argparse.Namespace) -> dict[str, Any]:
         "p99": _quantile(latencies, 0.99),
         "leaked": leaked,
         "final_limit": final_limit,
+        "retry_counts": counted,
+        "limit_mean": statistics.fmean(sizes) if sizes else None,
+        "limit_above_capacity": (sum(1 for n in sizes if n > CAPACITY) / len(sizes))
+        if sizes
+        else None,
     }
+    # Said before closing: the driver gives a close that hangs 20 s, then ends the process.
+    print(json.dumps(result), file=sys.__stdout__, flush=True)
+    await close()
+    return result
+
+
+def _retry_counts(reader: Any) -> dict[str, int]:
+    """gym.concurrency.client.retries / retries_denied by reason, as the client recorded them."""
+    from gym_concurrency import names
+
+    counts: dict[str, int] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else []:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    attributes = dict(point.attributes)
+                    if metric.name == names.CLIENT_RETRIES_INSTRUMENT:
+                        key = "retried_" + attributes[names.RETRY_REASON_ATTRIBUTE]
+                    elif metric.name == names.CLIENT_RETRIES_DENIED_INSTRUMENT:
+                        key = "denied_" + attributes[names.RETRY_DENIED_REASON_ATTRIBUTE]
+                    else:
+                        continue
+                    counts[key] = counts.get(key, 0) + int(point.value)
+    return counts
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -271,8 +335,18 @@ def _children(config: str, url: str, mode: str, args: argparse.Namespace, redis_
 def _collect(children: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
     results = []
     for child in children:
-        out, _ = child.communicate(timeout=600)
-        results.append(json.loads(out.strip().splitlines()[-1]))
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        while line and not line.startswith("{"):
+            line = child.stdout.readline()
+        result = json.loads(line)
+        try:
+            child.wait(20)
+        except subprocess.TimeoutExpired:  # its client or limit did not close: noted, ended
+            result["close_hung"] = True
+            child.kill()
+            child.wait()
+        results.append(result)
     return results
 
 
@@ -331,23 +405,28 @@ def outage(config: str, url: str, args: argparse.Namespace, redis_url: str | Non
     firsts = sum(1 for r in window if r[2])
     capacity = CAPACITY / stats["mean_service_seconds"]
     recovered_at = down_start + DOWN
+    ok = sorted(t for t, status, _ in requests if status == 200)
+    before = _rate(ok, 1.0, down_start)  # goodput before the outage (after a 1 s warm-up)
     back = None
-    bins: dict[int, int] = {}
-    for t, status, _ in requests:
-        if status == 200 and t >= recovered_at:
-            bins[int((t - recovered_at) / BIN)] = bins.get(int((t - recovered_at) / BIN), 0) + 1
-    for index in range(int(BACK / BIN)):
-        if bins.get(index, 0) / BIN >= 0.95 * capacity:
-            back = (index + 1) * BIN
+    for step in range(int((BACK - 1.0) / STEP) + 1):  # 1 s windows, every 0.25 s
+        start = recovered_at + step * STEP
+        if _rate(ok, start, start + 1.0) >= 0.95 * before:
+            back = step * STEP + 1.0  # the end of the first window back at 0.95x
             break
     result.update(
         outage_attempts_per_second=len(window) / (DOWN - 10),
         outage_first_attempts_per_second=firsts / (DOWN - 10),
         outage_retries_per_second=(len(window) - firsts) / (DOWN - 10),
         seconds_to_goodput=back,
+        goodput_before_ratio=before / capacity,
         early_attempts=stats["early"],
     )
     return result
+
+
+def _rate(times: list[float], start: float, end: float) -> float:
+    """Events per second in [start, end) of the sorted `times`."""
+    return (bisect.bisect_left(times, end) - bisect.bisect_left(times, start)) / (end - start)
 
 
 def _median_of(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -389,11 +468,7 @@ def main() -> None:
     if args.child:
         if args.child in ("nemo_gym", "semaphore64"):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - it prints a line per retry
-            result = asyncio.run(_child(args))
-            sys.stdout = sys.__stdout__
-        else:
-            result = asyncio.run(_child(args))
-        print(json.dumps(result), flush=True)
+        asyncio.run(_child(args))  # prints its result
         return
     configs = [c for c in args.only.split(",") if c]
     redis = _redis() if "ours_global" in configs else None
@@ -441,6 +516,12 @@ def _summary(rows: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "outage_first_attempts_per_second",
         "outage_retries_per_second",
         "seconds_to_goodput",
+        "goodput_before_ratio",
+        "failure_kinds",
+        "retry_counts",
+        "close_hung",
+        "limit_mean",
+        "limit_above_capacity",
     )
     summary: dict[str, Any] = {
         "calls": args.calls,
