@@ -523,7 +523,12 @@ def _summary(rows: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "limit_mean",
         "limit_above_capacity",
     )
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     summary: dict[str, Any] = {
+        "commit": commit,
+        "python": sys.version.split()[0],
         "calls": args.calls,
         "callers": args.callers,
         "capacity": CAPACITY,
@@ -536,6 +541,9 @@ def _summary(rows: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             for phase, values in phases.items()
             if phase != "rounds"
         }
+        for key in ("goodput_ratio", "attempts_per_call"):  # the spread behind each median
+            rounds = [_round(r[key]) for r in phases.get("rounds", [])]
+            summary[config]["steady"][f"{key}_rounds"] = rounds
     return summary
 
 
