@@ -16,7 +16,7 @@ from opentelemetry.metrics import MeterProvider
 from ..limits import Limit
 from ..limits.adaptive import AdaptiveController
 from .adaptive import AdaptiveConfig
-from .calls import DeadlineExceeded, LimitedCalls, Slot
+from .calls import CallsView, DeadlineExceeded, LimitedCalls, Slot
 from .retry import RetryPolicy, RetryReason
 
 __all__ = ["LimitedMiddleware", "limited_middleware"]
@@ -42,7 +42,7 @@ def limited_middleware(
     return LimitedMiddleware(limit, retry=retry, adaptive=adaptive, meter_provider=meter_provider)
 
 
-class LimitedMiddleware:
+class LimitedMiddleware(CallsView):
     """The middleware `limited_middleware` returns; one per limit, shared by every request
     (and session) it is given to."""
 
@@ -60,22 +60,9 @@ class LimitedMiddleware:
             limit, _AiohttpExchange(), retry=retry, adaptive=adaptive, meter_provider=meter_provider
         )
 
-    @property
-    def limit(self) -> Limit:
-        """The limit every attempt takes a slot of."""
-        return self.calls.limit
-
-    @property
-    def retry(self) -> RetryPolicy | None:
-        """The retry policy (None: one attempt per call)."""
-        return self.calls.retry
-
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         """Send `request` through the limit, retried; the last response, unchanged."""
         return await self.calls.call(_Call(request, handler))
-
-    def __repr__(self) -> str:
-        return f"<LimitedMiddleware limit={self.limit!r} retry={self.retry!r}>"
 
 
 class _AiohttpExchange:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from time import perf_counter
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from opentelemetry.metrics import MeterProvider
 
@@ -39,7 +39,7 @@ from .retry import (
     server_says_retry,
 )
 
-__all__ = ["DeadlineExceeded", "Exchange", "LimitedCalls", "Slot"]
+__all__ = ["CallsView", "DeadlineExceeded", "Exchange", "LimitedCalls", "Slot"]
 
 RequestT = TypeVar("RequestT")
 ResponseT = TypeVar("ResponseT")
@@ -316,3 +316,23 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
             return True
         self._metrics.denied(denied)
         return False
+
+
+class CallsView:
+    """What a transport adapter shows of its calls: the limit and the retry policy."""
+
+    __slots__ = ()
+    calls: LimitedCalls[Any, Any]
+
+    @property
+    def limit(self) -> Limit:
+        """The limit every attempt takes a slot of."""
+        return self.calls.limit
+
+    @property
+    def retry(self) -> RetryPolicy | None:
+        """The retry policy (None: one attempt per call)."""
+        return self.calls.retry
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} limit={self.limit!r} retry={self.retry!r}>"

@@ -16,7 +16,7 @@ from opentelemetry.metrics import MeterProvider
 from ..limits import Limit
 from ..limits.adaptive import AdaptiveController
 from .adaptive import AdaptiveConfig
-from .calls import DeadlineExceeded, LimitedCalls, Slot
+from .calls import CallsView, DeadlineExceeded, LimitedCalls, Slot
 from .retry import RetryPolicy, RetryReason
 
 __all__ = ["DeadlineTimeout", "LimitedTransport"]
@@ -31,7 +31,7 @@ class DeadlineTimeout(httpx.TimeoutException, DeadlineExceeded):
     APITimeoutError; also a DeadlineExceeded and a TimeoutError)."""
 
 
-class LimitedTransport(httpx.AsyncBaseTransport):
+class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
     """An httpx transport around `transport` (default `httpx.AsyncHTTPTransport()`): each
     attempt takes one slot of `limit` and holds it until the response body has been read in
     full or the response closed (a streamed body keeps it); `retry` (None: one attempt)
@@ -55,16 +55,6 @@ class LimitedTransport(httpx.AsyncBaseTransport):
             meter_provider=meter_provider,
         )
 
-    @property
-    def limit(self) -> Limit:
-        """The limit every attempt takes a slot of."""
-        return self.calls.limit
-
-    @property
-    def retry(self) -> RetryPolicy | None:
-        """The retry policy (None: one attempt per call)."""
-        return self.calls.retry
-
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send `request` through the limit, retried; the last response, unchanged."""
         return await self.calls.call(request)
@@ -72,9 +62,6 @@ class LimitedTransport(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         """Close the wrapped transport."""
         await self.transport.aclose()
-
-    def __repr__(self) -> str:
-        return f"<LimitedTransport limit={self.limit!r} retry={self.retry!r}>"
 
 
 class _HttpxExchange:

@@ -91,6 +91,18 @@ class AdaptiveLimit(NumbersAreNumbers):
         return self
 
 
+def _check_adaptive_start(adaptive: AdaptiveLimit | None, max_concurrent: int) -> None:
+    """An adaptive limit starts at max_concurrent, which must be within its bounds."""
+    if adaptive is not None and not (
+        adaptive.min_concurrent <= max_concurrent <= adaptive.max_concurrent
+    ):
+        raise ValueError(
+            f"max_concurrent: an adaptive limit starts at max_concurrent ({max_concurrent}), "
+            f"which must be within adaptive.min_concurrent..adaptive.max_concurrent "
+            f"({adaptive.min_concurrent}..{adaptive.max_concurrent})"
+        )
+
+
 class RouteLimit(NumbersAreNumbers):
     """A concurrency limit on one route (its declared path template), optionally per method.
 
@@ -127,15 +139,7 @@ class RouteLimit(NumbersAreNumbers):
 
     @model_validator(mode="after")
     def _starts_within_its_adaptive_bounds(self) -> Self:
-        adaptive = self.adaptive
-        if adaptive is not None and not (
-            adaptive.min_concurrent <= self.max_concurrent <= adaptive.max_concurrent
-        ):
-            raise ValueError(
-                f"max_concurrent: an adaptive limit starts at max_concurrent "
-                f"({self.max_concurrent}), which must be within adaptive.min_concurrent.."
-                f"adaptive.max_concurrent ({adaptive.min_concurrent}..{adaptive.max_concurrent})"
-            )
+        _check_adaptive_start(self.adaptive, self.max_concurrent)
         return self
 
     @field_validator("path")
@@ -243,15 +247,7 @@ class ClientLimit(NumbersAreNumbers):
 
     @model_validator(mode="after")
     def _starts_within_its_adaptive_bounds(self) -> Self:
-        adaptive = self.adaptive
-        if adaptive is not None and not (
-            adaptive.min_concurrent <= self.max_concurrent <= adaptive.max_concurrent
-        ):
-            raise ValueError(
-                f"max_concurrent: an adaptive limit starts at max_concurrent "
-                f"({self.max_concurrent}), which must be within adaptive.min_concurrent.."
-                f"adaptive.max_concurrent ({adaptive.min_concurrent}..{adaptive.max_concurrent})"
-            )
+        _check_adaptive_start(self.adaptive, self.max_concurrent)
         return self
 
 
