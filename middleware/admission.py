@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.metrics import MeterProvider
@@ -48,7 +49,10 @@ class ConcurrencyLimitMiddleware:
     """Per-route concurrency limits from `settings` (default: read from the environment).
 
     Routes are read from `scope["app"]` at lifespan startup (a bad path fails the start), or
-    on the first request when the server runs without lifespan.
+    on the first request when the server runs without lifespan. `bypass(scope)` returning
+    True sends a request on a limited route to the app at once, outside its limit and
+    uncounted: for requests the app rejects before any work (no credentials, for an auth
+    middleware that must run inside this one).
     """
 
     def __init__(
@@ -57,8 +61,12 @@ class ConcurrencyLimitMiddleware:
         *,
         settings: ConcurrencySettings | None = None,
         meter_provider: MeterProvider | None = None,
+        bypass: Callable[[Scope], bool] | None = None,
     ) -> None:
+        if bypass is not None and not callable(bypass):
+            raise TypeError(f"bypass must be a callable taking the ASGI scope, got {bypass!r}")
         self.app = app
+        self._bypass = bypass
         self._config_error: str | None = None
         self._from_environment = settings is None
         if settings is None:
@@ -101,7 +109,7 @@ class ConcurrencyLimitMiddleware:
         if self._operations:  # for operation_limit dependencies
             scope[LIMITS_SCOPE_KEY] = self.limits
         route = table.resolve(scope)
-        if route is None:
+        if route is None or (self._bypass is not None and self._bypass(scope)):
             await self.app(scope, receive, send)
             return
         limit = route.limit
