@@ -40,6 +40,8 @@ from pydantic_settings import (
 from gym_concurrency.limit import LimitScope
 from gym_concurrency.names import EXECUTORS, OPERATIONS, check_member
 
+from .env_prefix import warn_misspelt_prefixes
+
 __all__ = [
     "AdaptiveLimit",
     "ConcurrencySettings",
@@ -532,6 +534,7 @@ def environment_values(
     """
     config = settings_cls.model_config
     prefix = str(config.get("env_prefix") or "").upper()
+    warn_misspelt_prefixes(environ, prefix, settings_cls.model_fields)  # else silently unread
     delimiter = str(config.get("env_nested_delimiter") or "__")
     problems: list[str] = []
     assigned: dict[_Path, str] = {}
