@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from gym_concurrency.middleware import ConcurrencySettings
-from gym_concurrency.middleware.env_prefix import misspelt_prefix
+from gym_concurrency.middleware.settings.env_prefix import misspelt_prefix
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -19,9 +19,8 @@ from gym_concurrency.middleware import ConcurrencyStatusView
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from gym_concurrency import observe_concurrency
+from gym_concurrency import SharedLimit, observe_concurrency
 from gym_concurrency.names import COMPONENT_ATTRIBUTE, CONCURRENCY_AVAILABLE_INSTRUMENT
-from gym_concurrency.shared_limit import SharedLimit
 from tests.metrics_capture import MetricsCapture
 from tests.servers import UvicornServer
 from tests.shared.helpers import Limits, wait_for
