@@ -10,7 +10,6 @@ import asyncio
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -27,13 +26,6 @@ from tests.shared.helpers import Limits, wait_for
 from tests.shared.redis_server import RedisServer
 
 OUTAGE = {"lease_seconds": 4.0, "redis_timeout": 0.3}
-
-
-@pytest.fixture
-async def on_own(own_redis: RedisServer, key: str) -> AsyncIterator[Limits]:
-    made = Limits(own_redis.url, key)
-    yield made
-    await made.close()
 
 
 def row_of(snapshot: dict[str, Any], component: str) -> dict[str, Any]:
