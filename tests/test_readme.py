@@ -10,6 +10,8 @@ import httpx
 from gym_concurrency.middleware import concurrency_middleware
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+# The README's main middleware example (the order examples after it add it too).
+MIDDLEWARE_EXAMPLE = "app.add_middleware(ConcurrencyLimitMiddleware, settings=settings)"
 
 
 def example(marker: str) -> str:
@@ -19,7 +21,7 @@ def example(marker: str) -> str:
 
 async def test_the_middleware_example_serves_and_limits() -> None:
     namespace: dict[str, Any] = {}
-    exec(example("app.add_middleware"), namespace)
+    exec(example(MIDDLEWARE_EXAMPLE), namespace)
     app = namespace["app"]
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
