@@ -74,11 +74,14 @@ def test_docs_metrics_lists_every_instrument_and_no_other():
 
 def test_each_listed_prometheus_name_is_the_exporters():
     # The OpenTelemetry Prometheus exporter: dots to underscores; a histogram in ms gets the
-    # unit suffix and its _bucket, _sum and _count series.
+    # unit suffix and its _bucket, _sum and _count series; a counter (a monotonic sum) ends in
+    # _total, added where its name does not.
     for name, (kind, unit, prometheus) in documented().items():
         base = name.replace(".", "_")
         if kind == "histogram":
             assert unit == "ms", name
             assert prometheus == f"{base}_milliseconds_{{bucket,sum,count}}", name
+        elif kind in ("counter", "observable counter") and not base.endswith("_total"):
+            assert prometheus == f"{base}_total", name
         else:
             assert prometheus == base, name
