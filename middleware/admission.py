@@ -254,6 +254,7 @@ class ConcurrencyLimitMiddleware:
                     max_body_bytes=queued.max_body_bytes,
                     bodies=queued.bodies,
                     refusal_body_seconds=queued.refusal_body_seconds,
+                    cascade=queued.cascade,
                 ),
             )
 

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gym_concurrency.limit import Admission
 
 from .body import QueuedBodies, QueuedRequest, QueuedWebsocket
+from .cascade import CascadeWarning
 from .limits import LimitedRoute
 from .queue_wait import QueueWaitRecorder
 
@@ -35,7 +36,7 @@ class QueuedAdmission:
     A websocket holds its slot for the connection's lifetime and is refused with close code
     1013 (try again later)."""
 
-    __slots__ = ("app", "bodies", "max_body_bytes", "recorder", "refusal_body_seconds")
+    __slots__ = ("app", "bodies", "cascade", "max_body_bytes", "recorder", "refusal_body_seconds")
 
     def __init__(
         self,
@@ -45,12 +46,14 @@ class QueuedAdmission:
         max_body_bytes: int,
         bodies: QueuedBodies,
         refusal_body_seconds: float,
+        cascade: CascadeWarning | None = None,
     ) -> None:
         self.app = app
         self.recorder = recorder
         self.max_body_bytes = max_body_bytes
         self.bodies = bodies
         self.refusal_body_seconds = refusal_body_seconds
+        self.cascade = CascadeWarning() if cascade is None else cascade
 
     async def __call__(
         self,
@@ -134,6 +137,8 @@ class QueuedAdmission:
     async def _refuse(
         self, route: LimitedRoute, reason: Admission, queued: QueuedRequest | None, send: Send
     ) -> None:
+        if reason == "shed":
+            self.cascade.shed(route)
         body = None
         if queued is not None and route.failures.episode:  # it echoes the ids: read, bounded
             body = await queued.read_body(self.refusal_body_seconds)
