@@ -156,8 +156,9 @@ class Client(asyncio.Protocol):
         if self.closing or not self.generator.running:
             return
         # The server closed the connection without saying so first.
-        self.generator.stats.error("closed with a request in flight" if self.in_flight
-                                   else "closed while idle")
+        self.generator.stats.error(
+            "closed with a request in flight" if self.in_flight else "closed while idle"
+        )
         self.generator.reconnect(self.request)
 
 
@@ -217,8 +218,9 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-async def run(port: int, connections: int, warmup: float, seconds: float,
-              server_pid: int | None) -> dict[str, Any]:
+async def run(
+    port: int, connections: int, warmup: float, seconds: float, server_pid: int | None
+) -> dict[str, Any]:
     start = now()
     stats = Stats(start + warmup, start + warmup + seconds)
     generator = Generator(port, stats)

@@ -132,48 +132,112 @@ def _post(url: str) -> None:
 def _settings(config: dict[str, Any]) -> str:
     """The demo's settings file for one cell: only the proxy route is limited."""
     route = {
-        "path": "/v1/chat/completions", "methods": ["POST"], "limit_name": LIMIT_NAME,
-        "max_concurrent": config["size"], "queue_timeout_seconds": 30, "failure": "openai",
+        "path": "/v1/chat/completions",
+        "methods": ["POST"],
+        "limit_name": LIMIT_NAME,
+        "max_concurrent": config["size"],
+        "queue_timeout_seconds": 30,
+        "failure": "openai",
     }
     if config.get("algorithm"):
-        route["adaptive"] = {"min_concurrent": 4, "max_concurrent": 256,
-                             "algorithm": config["algorithm"]}
+        route["adaptive"] = {
+            "min_concurrent": 4,
+            "max_concurrent": 256,
+            "algorithm": config["algorithm"],
+        }
     operations = [  # the demo's routes use these (checked at its start)
-        {"limit_name": "verifier", "operation": "verify", "executor": "subprocess",
-         "max_concurrent": 2},
+        {
+            "limit_name": "verifier",
+            "operation": "verify",
+            "executor": "subprocess",
+            "max_concurrent": 2,
+        },
         {"limit_name": "judge", "operation": "judge", "executor": "inline", "max_concurrent": 4},
     ]
-    return json.dumps({"component": "bench", "server_name": "adaptive", "routes": [route],
-                       "operations": operations})
+    return json.dumps(
+        {
+            "component": "bench",
+            "server_name": "adaptive",
+            "routes": [route],
+            "operations": operations,
+        }
+    )
 
 
-def run_cell(config: dict[str, Any], scenario: dict[str, Any], args: argparse.Namespace,
-             folder: Path) -> dict[str, Any]:
+def run_cell(
+    config: dict[str, Any], scenario: dict[str, Any], args: argparse.Namespace, folder: Path
+) -> dict[str, Any]:
     """Run one configuration through one scenario; the client's records and the limit's
     samples over time (seconds from the start of the load)."""
     upstream_port, proxy_port = _free_port(), _free_port()
     settings_file = folder / f"settings-{config['name']}.json"
     settings_file.write_text(_settings(config))
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("GYM_CONCURRENCY_", "OTEL_", "DEMO_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GYM_CONCURRENCY_", "OTEL_", "DEMO_"))
+    }
     env.update(
-        PYTHONPATH=str(PROJECT_ROOT), DEMO_SETTINGS_FILE=str(settings_file),
+        PYTHONPATH=str(PROJECT_ROOT),
+        DEMO_SETTINGS_FILE=str(settings_file),
         DEMO_UPSTREAM_BASE_URL=f"http://{HOST}:{upstream_port}/v1",
-        OTEL_METRICS_EXPORTER="none", OTEL_TRACES_EXPORTER="none",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_TRACES_EXPORTER="none",
     )
     python = sys.executable
     processes: list[subprocess.Popen[bytes]] = []
     log = (folder / f"{config['name']}-{scenario['name']}.log").open("wb")
     try:
-        processes.append(subprocess.Popen(_pinned(LOAD_CPU, [
-            python, "-m", "benchmarks.adaptive_upstream", "--port", str(upstream_port),
-            "--knee", str(args.knee), "--base", str(args.base)]),
-            cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
-        processes.append(subprocess.Popen(_pinned(SERVER_CPU, [
-            python, "-m", "uvicorn", "examples.fastapi_app.app:app", "--host", HOST,
-            "--port", str(proxy_port), "--loop", "uvloop", "--http", "httptools",
-            "--no-access-log", "--log-level", "warning"]),
-            cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+        processes.append(
+            subprocess.Popen(
+                _pinned(
+                    LOAD_CPU,
+                    [
+                        python,
+                        "-m",
+                        "benchmarks.adaptive_upstream",
+                        "--port",
+                        str(upstream_port),
+                        "--knee",
+                        str(args.knee),
+                        "--base",
+                        str(args.base),
+                    ],
+                ),
+                cwd=PROJECT_ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        processes.append(
+            subprocess.Popen(
+                _pinned(
+                    SERVER_CPU,
+                    [
+                        python,
+                        "-m",
+                        "uvicorn",
+                        "examples.fastapi_app.app:app",
+                        "--host",
+                        HOST,
+                        "--port",
+                        str(proxy_port),
+                        "--loop",
+                        "uvloop",
+                        "--http",
+                        "httptools",
+                        "--no-access-log",
+                        "--log-level",
+                        "warning",
+                    ],
+                ),
+                cwd=PROJECT_ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
         status_url = f"http://{HOST}:{proxy_port}/concurrency?format=json"
         deadline = time.monotonic() + 30
         while True:
@@ -189,10 +253,30 @@ def run_cell(config: dict[str, Any], scenario: dict[str, Any], args: argparse.Na
         out = folder / f"records-{config['name']}-{scenario['name']}.json"
         seconds = scenario["seconds"]
         started = time.time()
-        load = subprocess.Popen(_pinned(LOAD_CPU, [
-            python, "-m", "benchmarks.adaptive", "--role", "load", "--port", str(proxy_port),
-            "--clients", str(args.clients), "--seconds", str(seconds), "--out", str(out)]),
-            cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        load = subprocess.Popen(
+            _pinned(
+                LOAD_CPU,
+                [
+                    python,
+                    "-m",
+                    "benchmarks.adaptive",
+                    "--role",
+                    "load",
+                    "--port",
+                    str(proxy_port),
+                    "--clients",
+                    str(args.clients),
+                    "--seconds",
+                    str(seconds),
+                    "--out",
+                    str(out),
+                ],
+            ),
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         samples: list[tuple[float, int, int, int]] = []
         stop = threading.Event()
 
@@ -216,8 +300,12 @@ def run_cell(config: dict[str, Any], scenario: dict[str, Any], args: argparse.Na
         sampler.join()
         raw = json.loads(out.read_text())
         records = [(s - started, d - started, status) for s, d, status in raw]
-        return {"config": config, "scenario": scenario["name"], "records": records,
-                "samples": samples}
+        return {
+            "config": config,
+            "scenario": scenario["name"],
+            "records": records,
+            "samples": samples,
+        }
     finally:
         for process in processes:
             process.terminate()
@@ -238,8 +326,11 @@ def goodput(cell: dict[str, Any], start: float, end: float) -> float:
 
 
 def p99(cell: dict[str, Any], start: float, end: float) -> float:
-    latencies = sorted(done - sent for sent, done, status in cell["records"]
-                       if status == 200 and start <= done < end)
+    latencies = sorted(
+        done - sent
+        for sent, done, status in cell["records"]
+        if status == 200 and start <= done < end
+    )
     if not latencies:
         return math.nan
     return latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
@@ -254,8 +345,9 @@ def mean_limit(cell: dict[str, Any], start: float, end: float) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def recovery(cell: dict[str, Any], halve_at: float, target: float, end: float
-             ) -> dict[str, float | None]:
+def recovery(
+    cell: dict[str, Any], halve_at: float, target: float, end: float
+) -> dict[str, float | None]:
     """How goodput came back after the knee halved, against `target` (the new best static
     limit's goodput): `seconds`, from the halving until goodput over 2 s is within 10% of the
     target again after it first fell below in the 10 s after the halving (0 if it did not
@@ -266,57 +358,110 @@ def recovery(cell: dict[str, Any], halve_at: float, target: float, end: float
     start = int(halve_at)
     # The fall the halving causes comes at once (in flight, the old knee's latency): a dip
     # later than 10 s is the new steady state's noise, judged by the figures after recovery.
-    dipped = next((t for t in range(start, min(start + 10, int(end) - 1))
-                   if (seconds[t] + seconds[t + 1]) / 2 < 0.9 * target), None)
+    dipped = next(
+        (
+            t
+            for t in range(start, min(start + 10, int(end) - 1))
+            if (seconds[t] + seconds[t + 1]) / 2 < 0.9 * target
+        ),
+        None,
+    )
     back: int | None = start
     if dipped is not None:
-        back = next((t for t in range(dipped, int(end) - 1)
-                     if (seconds[t] + seconds[t + 1]) / 2 >= 0.9 * target), None)
+        back = next(
+            (
+                t
+                for t in range(dipped, int(end) - 1)
+                if (seconds[t] + seconds[t + 1]) / 2 >= 0.9 * target
+            ),
+            None,
+        )
     if back is None:
-        return {"seconds": None, "mean_after": None, "min_5s_after": None,
-                "share_5s_within_10pct": None}
-    windows = [sum(seconds[t:t + 5]) / 5 / target for t in range(back, int(end) - 4)]
+        return {
+            "seconds": None,
+            "mean_after": None,
+            "min_5s_after": None,
+            "share_5s_within_10pct": None,
+        }
+    windows = [sum(seconds[t : t + 5]) / 5 / target for t in range(back, int(end) - 4)]
     mean_after = sum(seconds[back:]) / max(1, len(seconds) - back) / target
-    return {"seconds": float(back - start), "mean_after": mean_after,
-            "min_5s_after": min(windows) if windows else None,
-            "share_5s_within_10pct": sum(w >= 0.9 for w in windows) / len(windows)
-            if windows else None}
+    return {
+        "seconds": float(back - start),
+        "mean_after": mean_after,
+        "min_5s_after": min(windows) if windows else None,
+        "share_5s_within_10pct": sum(w >= 0.9 for w in windows) / len(windows) if windows else None,
+    }
 
 
 def per_second(cell: dict[str, Any], end: float) -> list[list[float]]:
     """[second, goodput, p99 of the oks, failures] for every whole second of the run."""
-    return [[s, goodput(cell, s, s + 1), p99(cell, s, s + 1), failures(cell, s, s + 1)]
-            for s in range(int(end))]
+    return [
+        [s, goodput(cell, s, s + 1), p99(cell, s, s + 1), failures(cell, s, s + 1)]
+        for s in range(int(end))
+    ]
 
 
-def plot(steady: dict[str, Any], halve: dict[str, Any], static: dict[str, Any],
-         halve_at: float, path: Path) -> None:
+def plot(
+    steady: dict[str, Any],
+    halve: dict[str, Any],
+    static: dict[str, Any],
+    halve_at: float,
+    path: Path,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(2, 1, figsize=(10, 8), sharex=False)
-    for axis, cell, title in ((axes[0], steady, "steady knee (K = 32)"),
-                              (axes[1], halve, f"knee halves to 16 at {halve_at:g} s")):
+    for axis, cell, title in (
+        (axes[0], steady, "steady knee (K = 32)"),
+        (axes[1], halve, f"knee halves to 16 at {halve_at:g} s"),
+    ):
         times = [s[0] for s in cell["samples"]]
-        axis.step(times, [s[1] for s in cell["samples"]], where="post", label="limit",
-                  color="tab:blue", linewidth=2)
-        axis.plot(times, [s[2] for s in cell["samples"]], label="in flight (active)",
-                  color="tab:green", linewidth=1)
-        axis.plot(times, [s[3] for s in cell["samples"]], label="queued", color="tab:gray",
-                  linewidth=1, alpha=0.6)
+        axis.step(
+            times,
+            [s[1] for s in cell["samples"]],
+            where="post",
+            label="limit",
+            color="tab:blue",
+            linewidth=2,
+        )
+        axis.plot(
+            times,
+            [s[2] for s in cell["samples"]],
+            label="in flight (active)",
+            color="tab:green",
+            linewidth=1,
+        )
+        axis.plot(
+            times,
+            [s[3] for s in cell["samples"]],
+            label="queued",
+            color="tab:gray",
+            linewidth=1,
+            alpha=0.6,
+        )
         axis.set_ylabel("slots / requests")
         axis.set_title(f"adaptive ({cell['config']['algorithm']}): {title}")
         right = axis.twinx()
         end = int(max(times)) if times else 0
         seconds = list(range(end))
-        right.plot([s + 0.5 for s in seconds], [p99(cell, s, s + 1) for s in seconds],
-                   color="tab:red", label="p99 latency (adaptive)", linewidth=1.5)
+        right.plot(
+            [s + 0.5 for s in seconds],
+            [p99(cell, s, s + 1) for s in seconds],
+            color="tab:red",
+            label="p99 latency (adaptive)",
+            linewidth=1.5,
+        )
         if cell is halve:
-            right.plot([s + 0.5 for s in seconds], [p99(static, s, s + 1) for s in seconds],
-                       color="tab:orange", linestyle="--",
-                       label=f"p99 latency (static {static['config']['size']})")
+            right.plot(
+                [s + 0.5 for s in seconds],
+                [p99(static, s, s + 1) for s in seconds],
+                color="tab:orange",
+                linestyle="--",
+                label=f"p99 latency (static {static['config']['size']})",
+            )
             axis.axvline(halve_at, color="black", linestyle=":", linewidth=1)
         right.set_ylabel("p99 latency, s (per second)")
         lines = axis.get_legend_handles_labels()
@@ -350,9 +495,14 @@ def summarize(rounds: list[list[dict[str, Any]]], args: argparse.Namespace) -> d
                 if key == "name":
                     continue
                 if key == "after_recovery":
-                    row[key] = {k: (None if any(f[key][k] is None for f in found)
-                                    else _median([f[key][k] for f in found]))
-                                for k in found[0][key]}
+                    row[key] = {
+                        k: (
+                            None
+                            if any(f[key][k] is None for f in found)
+                            else _median([f[key][k] for f in found])
+                        )
+                        for k in found[0][key]
+                    }
                 elif key == "recovery_seconds":
                     values = [f[key] for f in found]
                     row[key] = None if None in values else _median(values)
@@ -361,9 +511,14 @@ def summarize(rounds: list[list[dict[str, Any]]], args: argparse.Namespace) -> d
             rows.append(row)
         median[scenario] = rows
     median["goals"] = {
-        algorithm: {key: (None if any(pr["goals"][algorithm][key] is None for pr in per_round)
-                          else _median([pr["goals"][algorithm][key] for pr in per_round]))
-                    for key in per_round[0]["goals"][algorithm]}
+        algorithm: {
+            key: (
+                None
+                if any(pr["goals"][algorithm][key] is None for pr in per_round)
+                else _median([pr["goals"][algorithm][key] for pr in per_round])
+            )
+            for key in per_round[0]["goals"][algorithm]
+        }
         for algorithm in per_round[0]["goals"]
     }
     for key in ("best_static", "best_static_after_halving"):
@@ -376,20 +531,31 @@ def summarize_round(cells: list[dict[str, Any]], args: argparse.Namespace) -> di
     steady = [c for c in cells if c["scenario"] == "steady"]
     halve = [c for c in cells if c["scenario"] == "halve"]
     end_s, end_h, at = args.steady_seconds, args.halve_seconds, args.halve_at
-    rows_s = [{"name": c["config"]["name"], "goodput": goodput(c, warm, end_s),
-               "p99": p99(c, warm, end_s), "failures": failures(c, warm, end_s),
-               "mean_limit": mean_limit(c, warm, end_s)} for c in steady]
+    rows_s = [
+        {
+            "name": c["config"]["name"],
+            "goodput": goodput(c, warm, end_s),
+            "p99": p99(c, warm, end_s),
+            "failures": failures(c, warm, end_s),
+            "mean_limit": mean_limit(c, warm, end_s),
+        }
+        for c in steady
+    ]
     statics = [r for r, c in zip(rows_s, steady, strict=True) if not c["config"].get("algorithm")]
     best = max(statics, key=lambda r: r["goodput"])
     rows_h = []
     for c in halve:
-        rows_h.append({
-            "name": c["config"]["name"],
-            "goodput_before": goodput(c, warm, at), "p99_before": p99(c, warm, at),
-            "goodput_after": goodput(c, at + 10, end_h), "p99_after": p99(c, at + 10, end_h),
-            "failures_after": failures(c, at, end_h),
-            "mean_limit_after": mean_limit(c, at + 10, end_h),
-        })
+        rows_h.append(
+            {
+                "name": c["config"]["name"],
+                "goodput_before": goodput(c, warm, at),
+                "p99_before": p99(c, warm, at),
+                "goodput_after": goodput(c, at + 10, end_h),
+                "p99_after": p99(c, at + 10, end_h),
+                "failures_after": failures(c, at, end_h),
+                "mean_limit_after": mean_limit(c, at + 10, end_h),
+            }
+        )
     statics_h = [r for r, c in zip(rows_h, halve, strict=True) if not c["config"].get("algorithm")]
     best_new = max(statics_h, key=lambda r: r["goodput_after"])
     for r, c in zip(rows_h, halve, strict=True):
@@ -410,8 +576,13 @@ def summarize_round(cells: list[dict[str, Any]], args: argparse.Namespace) -> di
             "halve_share_5s_within_10pct": row_h["after_recovery"]["share_5s_within_10pct"],
             "halve_goodput_after_ratio": row_h["goodput_after"] / best_new["goodput_after"],
         }
-    return {"steady": rows_s, "best_static": best["name"], "halve": rows_h,
-            "best_static_after_halving": best_new["name"], "goals": goals}
+    return {
+        "steady": rows_s,
+        "best_static": best["name"],
+        "halve": rows_h,
+        "best_static_after_halving": best_new["name"],
+        "goals": goals,
+    }
 
 
 def _fmt(value: float | None) -> str:
@@ -419,35 +590,54 @@ def _fmt(value: float | None) -> str:
 
 
 def report(summary: dict[str, Any], title: str = "") -> str:
-    lines = [f"### Steady knee{title}", "",
-             "| limit | goodput (ok/s) | p99 (s) | failures | mean limit |",
-             "| --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"### Steady knee{title}",
+        "",
+        "| limit | goodput (ok/s) | p99 (s) | failures | mean limit |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
     for r in summary["steady"]:
-        lines.append(f"| {r['name']} | {r['goodput']:.1f} | {r['p99']:.3f} | {r['failures']} | "
-                     f"{r['mean_limit']:.1f} |")
-    lines += ["", f"Best static: {summary['best_static']}.", "", f"### Knee halves{title}", "",
-              "| limit | goodput before | p99 before | goodput after | p99 after | failures "
-              "after | mean limit after | recovery (s) |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines.append(
+            f"| {r['name']} | {r['goodput']:.1f} | {r['p99']:.3f} | {r['failures']} | "
+            f"{r['mean_limit']:.1f} |"
+        )
+    lines += [
+        "",
+        f"Best static: {summary['best_static']}.",
+        "",
+        f"### Knee halves{title}",
+        "",
+        "| limit | goodput before | p99 before | goodput after | p99 after | failures "
+        "after | mean limit after | recovery (s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in summary["halve"]:
         rec = "-" if r["recovery_seconds"] is None else f"{r['recovery_seconds']:.1f}"
         lines.append(
             f"| {r['name']} | {r['goodput_before']:.1f} | {r['p99_before']:.3f} | "
             f"{r['goodput_after']:.1f} | {r['p99_after']:.3f} | {r['failures_after']} | "
-            f"{r['mean_limit_after']:.1f} | {rec} |")
-    lines += ["", f"Best static after halving: {summary['best_static_after_halving']}.", "",
-              f"### Goals{title}", "",
-              "| algorithm | steady goodput / best static (>= 0.9) | steady p99 / best static "
-              "(<= 1.5) | recovery after halving (< 10 s) | goodput after / new best static | "
-              "lowest 5 s after recovery | 5 s windows within 10% |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            f"{r['mean_limit_after']:.1f} | {rec} |"
+        )
+    lines += [
+        "",
+        f"Best static after halving: {summary['best_static_after_halving']}.",
+        "",
+        f"### Goals{title}",
+        "",
+        "| algorithm | steady goodput / best static (>= 0.9) | steady p99 / best static "
+        "(<= 1.5) | recovery after halving (< 10 s) | goodput after / new best static | "
+        "lowest 5 s after recovery | 5 s windows within 10% |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for algorithm, g in summary["goals"].items():
         rec = g["halve_recovery_seconds"]
-        lines.append(f"| {algorithm} | {g['steady_goodput_ratio']:.3f} | "
-                     f"{g['steady_p99_ratio']:.3f} | {'never' if rec is None else f'{rec:.1f} s'}"
-                     f" | {g['halve_goodput_after_ratio']:.3f} | "
-                     f"{_fmt(g['halve_min_5s_after_recovery'])} | "
-                     f"{_fmt(g['halve_share_5s_within_10pct'])} |")
+        lines.append(
+            f"| {algorithm} | {g['steady_goodput_ratio']:.3f} | "
+            f"{g['steady_p99_ratio']:.3f} | {'never' if rec is None else f'{rec:.1f} s'}"
+            f" | {g['halve_goodput_after_ratio']:.3f} | "
+            f"{_fmt(g['halve_min_5s_after_recovery'])} | "
+            f"{_fmt(g['halve_share_5s_within_10pct'])} |"
+        )
     return "\n".join(lines)
 
 
@@ -499,14 +689,21 @@ def main() -> None:
             cells = []
             # The order flips every round, so that a slow spell of the machine is not one
             # configuration's alone.
-            for config, scenario_name in (plan if number % 2 == 0 else plan[::-1]):
-                scenario = {"name": scenario_name,
-                            "seconds": args.steady_seconds if scenario_name == "steady"
-                            else args.halve_seconds}
+            for config, scenario_name in plan if number % 2 == 0 else plan[::-1]:
+                scenario = {
+                    "name": scenario_name,
+                    "seconds": args.steady_seconds
+                    if scenario_name == "steady"
+                    else args.halve_seconds,
+                }
                 if scenario_name == "halve":
                     scenario["halve_at"] = args.halve_at
-                print(f"# round {number + 1} {scenario_name} {config['name']} "
-                      f"(load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
+                print(
+                    f"# round {number + 1} {scenario_name} {config['name']} "
+                    f"(load {os.getloadavg()[0]:.2f})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 cell = run_cell(config, scenario, args, folder)
                 cell["load_average"] = [round(x, 2) for x in os.getloadavg()]
                 cells.append(cell)
@@ -516,24 +713,38 @@ def main() -> None:
         print(report(figures, f" (round {number + 1})") + "\n")
     print(report(summary["median"], f" (median of {len(rounds)} rounds)"))
     cells = rounds[0]
-    steady_gradient = next(c for c in cells if c["scenario"] == "steady"
-                           and c["config"]["name"] == "gradient")
-    halve_gradient = next(c for c in cells if c["scenario"] == "halve"
-                          and c["config"]["name"] == "gradient")
-    old_static = next(c for c in cells if c["scenario"] == "halve"
-                      and c["config"]["name"] == f"static-{k}")
+    steady_gradient = next(
+        c for c in cells if c["scenario"] == "steady" and c["config"]["name"] == "gradient"
+    )
+    halve_gradient = next(
+        c for c in cells if c["scenario"] == "halve" and c["config"]["name"] == "gradient"
+    )
+    old_static = next(
+        c for c in cells if c["scenario"] == "halve" and c["config"]["name"] == f"static-{k}"
+    )
     plot(steady_gradient, halve_gradient, old_static, args.halve_at, args.plot)
     RESULTS.mkdir(parents=True, exist_ok=True)
     result = {
-        "label": args.label, "source": describe_tree(PROJECT_ROOT),
+        "label": args.label,
+        "source": describe_tree(PROJECT_ROOT),
         "args": {k2: str(v) for k2, v in vars(args).items()},
         "load_average": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
         "summary": summary,
-        "rounds": [[{"config": c["config"], "scenario": c["scenario"], "samples": c["samples"],
-                     "load_average": c["load_average"],
-                     "per_second": per_second(c, args.steady_seconds if c["scenario"] == "steady"
-                                              else args.halve_seconds)}
-                    for c in cells] for cells in rounds],
+        "rounds": [
+            [
+                {
+                    "config": c["config"],
+                    "scenario": c["scenario"],
+                    "samples": c["samples"],
+                    "load_average": c["load_average"],
+                    "per_second": per_second(
+                        c, args.steady_seconds if c["scenario"] == "steady" else args.halve_seconds
+                    ),
+                }
+                for c in cells
+            ]
+            for cells in rounds
+        ],
     }
     path = RESULTS / f"adaptive-{args.label}.json"
     path.write_text(json.dumps(result, indent=1))

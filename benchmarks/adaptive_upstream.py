@@ -56,9 +56,11 @@ class Knee:
 
 def _response(status: int, body: bytes) -> bytes:
     reason = b"OK" if status == 200 else b"Service Unavailable"
-    return (
-        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-        % (status, reason, len(body), body)
+    return b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+        status,
+        reason,
+        len(body),
+        body,
     )
 
 
@@ -91,8 +93,13 @@ async def serve_connection(
                 knee.knee = float(target.split("k=", 1)[1])
                 writer.write(_response(200, json.dumps({"knee": knee.knee}).encode()))
             else:  # GET /stats, anything else
-                stats = {"knee": knee.knee, "inflight": knee.inflight, "answered": knee.answered,
-                         "max_inflight": knee.max_inflight, "time": time.time()}
+                stats = {
+                    "knee": knee.knee,
+                    "inflight": knee.inflight,
+                    "answered": knee.answered,
+                    "max_inflight": knee.max_inflight,
+                    "time": time.time(),
+                }
                 writer.write(_response(200, json.dumps(stats).encode()))
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):

@@ -45,11 +45,16 @@ from benchmarks.overload_app import CONFIGS, request_body
 
 RESULTS = PROJECT_ROOT / "benchmarks" / "results"
 PLAIN_CONFIGS = [
-    "none", "queue-deep", "q256-problem", "q256-episode", "q0-problem", "q0-episode",
-    "depends", "uvicorn",
+    "none",
+    "queue-deep",
+    "q256-problem",
+    "q256-episode",
+    "q0-problem",
+    "q0-episode",
+    "depends",
+    "uvicorn",
 ]
-CLOSE_CONFIGS = ["q256-problem-close", "q256-episode-close", "q0-problem-close",
-                 "q0-episode-close"]
+CLOSE_CONFIGS = ["q256-problem-close", "q256-episode-close", "q0-problem-close", "q0-episode-close"]
 SDK_CONFIGS = ["none", "queue-deep", "q256-problem", "q0-problem"]
 # Refusals only happen past 64 clients, so the Connection: close variants skip 64.
 CLOSE_MIN_CONNECTIONS = 65
@@ -107,8 +112,12 @@ def probe(python: str, source: Path) -> dict[str, Any]:
         "'depends_max_concurrency': depends_has_max_concurrency()}))"
     )
     output = subprocess.run(
-        [python, "-c", code, str(source)], cwd=PROJECT_ROOT, capture_output=True, text=True,
-        check=True, timeout=60,
+        [python, "-c", code, str(source)],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     ).stdout
     return json.loads(output)
 
@@ -118,8 +127,19 @@ class Server:
 
     def __init__(self, python: str, config: str, sdk: bool, source: Path, info: Path) -> None:
         self.port = free_port()
-        command = [python, "-m", "benchmarks._overload_server", "--config", config,
-                   "--port", str(self.port), "--source", str(source), "--info", str(info)]
+        command = [
+            python,
+            "-m",
+            "benchmarks._overload_server",
+            "--config",
+            config,
+            "--port",
+            str(self.port),
+            "--source",
+            str(source),
+            "--info",
+            str(info),
+        ]
         if sdk:
             command.append("--sdk")
         self.process = subprocess.Popen(pinned(SERVER_CPU, command), cwd=PROJECT_ROOT)
@@ -163,13 +183,31 @@ class Server:
                 self.process.wait(5)
 
 
-def loadgen(python: str, port: int, connections: int, warmup: float, seconds: float,
-            server_pid: int) -> dict[str, Any]:
-    command = [python, "-m", "benchmarks._loadgen", "--port", str(port),
-               "--connections", str(connections), "--warmup", str(warmup),
-               "--seconds", str(seconds), "--server-pid", str(server_pid)]
-    done = subprocess.run(pinned(CLIENT_CPU, command), cwd=PROJECT_ROOT, capture_output=True,
-                          text=True, timeout=warmup + seconds + 60)
+def loadgen(
+    python: str, port: int, connections: int, warmup: float, seconds: float, server_pid: int
+) -> dict[str, Any]:
+    command = [
+        python,
+        "-m",
+        "benchmarks._loadgen",
+        "--port",
+        str(port),
+        "--connections",
+        str(connections),
+        "--warmup",
+        str(warmup),
+        "--seconds",
+        str(seconds),
+        "--server-pid",
+        str(server_pid),
+    ]
+    done = subprocess.run(
+        pinned(CLIENT_CPU, command),
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=warmup + seconds + 60,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"load generator failed ({done.returncode}):\n{done.stderr}")
     return json.loads(done.stdout)
@@ -183,8 +221,10 @@ def plan(args: argparse.Namespace, offers: dict[str, Any]) -> list[tuple[str, st
         plain.remove("depends")
     if args.close:
         if offers["close_setting"] is None:
-            print("skipping the Connection: close variants: the middleware has no "
-                  "close_connection_on_refusal setting")
+            print(
+                "skipping the Connection: close variants: the middleware has no "
+                "close_connection_on_refusal setting"
+            )
         else:
             plain += [c for c in CLOSE_CONFIGS if c.removesuffix("-close") in args.configs]
     pairs = [("plain", c) for c in plain]
@@ -212,8 +252,9 @@ class Pace:
         return time.monotonic() - self.started < self.per_cell * (self.done + 1)
 
 
-def measure_cell(args: argparse.Namespace, server: Server, connections: int,
-                 pace: Pace) -> dict[str, Any]:
+def measure_cell(
+    args: argparse.Namespace, server: Server, connections: int, pace: Pace
+) -> dict[str, Any]:
     """One cell; measured again (up to --retries times, while the run keeps to its time
     budget) when other processes took more than --max-other cores meanwhile. Keeps the
     quietest try."""
@@ -221,8 +262,11 @@ def measure_cell(args: argparse.Namespace, server: Server, connections: int,
     for attempt in range(1 + args.retries):
         if attempt:
             time.sleep(1.0)
-        tries.append(loadgen(args.python, server.port, connections, args.warmup, args.seconds,
-                             server.process.pid))
+        tries.append(
+            loadgen(
+                args.python, server.port, connections, args.warmup, args.seconds, server.process.pid
+            )
+        )
         if tries[-1].get("other_cpu", 0.0) <= args.max_other or not pace.may_retry():
             break
     pace.done += 1
@@ -231,8 +275,9 @@ def measure_cell(args: argparse.Namespace, server: Server, connections: int,
     return best
 
 
-def run_rounds(args: argparse.Namespace, pairs: list[tuple[str, str]], source: Path,
-               workdir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict]:
+def run_rounds(
+    args: argparse.Namespace, pairs: list[tuple[str, str]], source: Path, workdir: Path
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict]:
     n_cells = sum(len(connections_for(c, args.connections)) for _, c in pairs) * args.rounds
     pace = Pace(args.estimate, n_cells)
     cells: list[dict[str, Any]] = []
@@ -255,21 +300,34 @@ def run_rounds(args: argparse.Namespace, pairs: list[tuple[str, str]], source: P
                 for connections in connections_for(config, args.connections):
                     result = measure_cell(args, server, connections, pace)
                     cells.append({"round": index, "group": group, "config": config, **result})
-                    kinds = ", ".join(f"{k} {v['per_second']:.0f}/s"
-                                      for k, v in result["kinds"].items())
-                    print(f"  {group:5s} {config:20s} c={connections:<5d} "
-                          f"goodput {result['goodput']:7.0f}/s  [{kinds}]  "
-                          f"cpu: server {result.get('server_cpu', 0):.2f} "
-                          f"client {result['loadgen_cpu']:.2f} "
-                          f"other {result.get('other_cpu', 0):.2f}"
-                          + (f" (tries: {result['tries_other_cpu']})"
-                             if len(result["tries_other_cpu"]) > 1 else ""), flush=True)
+                    kinds = ", ".join(
+                        f"{k} {v['per_second']:.0f}/s" for k, v in result["kinds"].items()
+                    )
+                    print(
+                        f"  {group:5s} {config:20s} c={connections:<5d} "
+                        f"goodput {result['goodput']:7.0f}/s  [{kinds}]  "
+                        f"cpu: server {result.get('server_cpu', 0):.2f} "
+                        f"client {result['loadgen_cpu']:.2f} "
+                        f"other {result.get('other_cpu', 0):.2f}"
+                        + (
+                            f" (tries: {result['tries_other_cpu']})"
+                            if len(result["tries_other_cpu"]) > 1
+                            else ""
+                        ),
+                        flush=True,
+                    )
                     time.sleep(args.settle)
             finally:
                 server.stop()
-        rounds.append({"round": index, "load_average_start": load, "busy_cores_before": busy,
-                       "load_average_end": load_average(),
-                       "seconds": round(time.monotonic() - started, 1)})
+        rounds.append(
+            {
+                "round": index,
+                "load_average_start": load,
+                "busy_cores_before": busy,
+                "load_average_end": load_average(),
+                "seconds": round(time.monotonic() - started, 1),
+            }
+        )
     return cells, rounds, server_info
 
 
@@ -284,8 +342,11 @@ def summarize(cells: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> list
     summary = []
     for group, config in pairs:
         for connections in sorted({c["connections"] for c in cells}):
-            mine = [c for c in cells if (c["group"], c["config"], c["connections"])
-                    == (group, config, connections)]
+            mine = [
+                c
+                for c in cells
+                if (c["group"], c["config"], c["connections"]) == (group, config, connections)
+            ]
             if not mine:
                 continue
             ratios, p99_ratios, efficiency_ratios = [], [], []
@@ -294,51 +355,64 @@ def summarize(cells: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> list
                 if base and base["goodput"] > 0:
                     ratios.append(cell["goodput"] / base["goodput"])
                     if cell.get("server_cpu") and base.get("server_cpu"):
-                        efficiency_ratios.append((cell["goodput"] / cell["server_cpu"])
-                                                 / (base["goodput"] / base["server_cpu"]))
+                        efficiency_ratios.append(
+                            (cell["goodput"] / cell["server_cpu"])
+                            / (base["goodput"] / base["server_cpu"])
+                        )
                     base_p99 = base["kinds"].get("200 ok", {}).get("p99_ms")
                     p99 = cell["kinds"].get("200 ok", {}).get("p99_ms")
                     if base_p99 and p99:
                         p99_ratios.append(p99 / base_p99)
             kinds = sorted({k for c in mine for k in c["kinds"]})
-            summary.append({
-                "group": group,
-                "config": config,
-                "label": CONFIGS[config].label,
-                "connections": connections,
-                "rounds": len(mine),
-                "goodput": _median([c["goodput"] for c in mine]),
-                "goodput_ratio": _median(ratios),
-                "goodput_ratio_range": [min(ratios), max(ratios)] if ratios else None,
-                "ok_p50_ms": _median([c["kinds"]["200 ok"]["p50_ms"] for c in mine
-                                      if "200 ok" in c["kinds"]]),
-                "ok_p99_ms": _median([c["kinds"]["200 ok"]["p99_ms"] for c in mine
-                                      if "200 ok" in c["kinds"]]),
-                "ok_p99_ratio": _median(p99_ratios),
-                "kinds": {
-                    kind: {
-                        "per_second": _median([c["kinds"].get(kind, {}).get("per_second", 0.0)
-                                               for c in mine]),
-                        "p50_ms": _median([c["kinds"][kind]["p50_ms"] for c in mine
-                                           if kind in c["kinds"]]),
-                        "p99_ms": _median([c["kinds"][kind]["p99_ms"] for c in mine
-                                           if kind in c["kinds"]]),
-                    }
-                    for kind in kinds
-                },
-                "reconnects_per_second": _median([c["reconnects"] / c["window_s"]
-                                                  for c in mine]),
-                "errors": {k: sum(c["errors"].get(k, 0) for c in mine)
-                           for k in sorted({k for c in mine for k in c["errors"]})},
-                "server_cpu": _median([c.get("server_cpu", float("nan")) for c in mine]),
-                "goodput_per_server_cpu_second": _median(
-                    [c["goodput"] / c["server_cpu"] for c in mine if c.get("server_cpu")]),
-                "goodput_per_server_cpu_ratio": _median(efficiency_ratios),
-                "other_cpu": _median([c.get("other_cpu", float("nan")) for c in mine]),
-                "other_cpu_max": max(c.get("other_cpu", float("nan")) for c in mine),
-                "loadgen_cpu": _median([c["loadgen_cpu"] for c in mine]),
-                "loadgen_cpu_max": max(c["loadgen_cpu"] for c in mine),
-            })
+            summary.append(
+                {
+                    "group": group,
+                    "config": config,
+                    "label": CONFIGS[config].label,
+                    "connections": connections,
+                    "rounds": len(mine),
+                    "goodput": _median([c["goodput"] for c in mine]),
+                    "goodput_ratio": _median(ratios),
+                    "goodput_ratio_range": [min(ratios), max(ratios)] if ratios else None,
+                    "ok_p50_ms": _median(
+                        [c["kinds"]["200 ok"]["p50_ms"] for c in mine if "200 ok" in c["kinds"]]
+                    ),
+                    "ok_p99_ms": _median(
+                        [c["kinds"]["200 ok"]["p99_ms"] for c in mine if "200 ok" in c["kinds"]]
+                    ),
+                    "ok_p99_ratio": _median(p99_ratios),
+                    "kinds": {
+                        kind: {
+                            "per_second": _median(
+                                [c["kinds"].get(kind, {}).get("per_second", 0.0) for c in mine]
+                            ),
+                            "p50_ms": _median(
+                                [c["kinds"][kind]["p50_ms"] for c in mine if kind in c["kinds"]]
+                            ),
+                            "p99_ms": _median(
+                                [c["kinds"][kind]["p99_ms"] for c in mine if kind in c["kinds"]]
+                            ),
+                        }
+                        for kind in kinds
+                    },
+                    "reconnects_per_second": _median(
+                        [c["reconnects"] / c["window_s"] for c in mine]
+                    ),
+                    "errors": {
+                        k: sum(c["errors"].get(k, 0) for c in mine)
+                        for k in sorted({k for c in mine for k in c["errors"]})
+                    },
+                    "server_cpu": _median([c.get("server_cpu", float("nan")) for c in mine]),
+                    "goodput_per_server_cpu_second": _median(
+                        [c["goodput"] / c["server_cpu"] for c in mine if c.get("server_cpu")]
+                    ),
+                    "goodput_per_server_cpu_ratio": _median(efficiency_ratios),
+                    "other_cpu": _median([c.get("other_cpu", float("nan")) for c in mine]),
+                    "other_cpu_max": max(c.get("other_cpu", float("nan")) for c in mine),
+                    "loadgen_cpu": _median([c["loadgen_cpu"] for c in mine]),
+                    "loadgen_cpu_max": max(c["loadgen_cpu"] for c in mine),
+                }
+            )
     return summary
 
 
@@ -360,13 +434,21 @@ def tables(summary: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> str:
     find = {(r["group"], r["config"], r["connections"]): r for r in summary}
     connections = sorted({r["connections"] for r in summary})
     out: list[str] = []
-    for group, title in (("plain", "no SDK provider"), ("sdk", "an SDK MeterProvider exporting "
-                          "every 1 s; baseline: the same provider, no limiter")):
+    for group, title in (
+        ("plain", "no SDK provider"),
+        (
+            "sdk",
+            "an SDK MeterProvider exporting every 1 s; baseline: the same provider, no limiter",
+        ),
+    ):
         configs = [c for g, c in pairs if g == group]
         if not configs:
             continue
-        out += [f"**Goodput (200 ok per second), {title}.** Ratio to no limiter in the same "
-                "round, median of rounds.", ""]
+        out += [
+            f"**Goodput (200 ok per second), {title}.** Ratio to no limiter in the same "
+            "round, median of rounds.",
+            "",
+        ]
         out.append("| connections | " + " | ".join(CONFIGS[c].label for c in configs) + " |")
         out.append("| --- |" + " ---: |" * len(configs))
         for n in connections:
@@ -376,25 +458,37 @@ def tables(summary: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> str:
         out.append("| connections | " + " | ".join(CONFIGS[c].label for c in configs) + " |")
         out.append("| --- |" + " ---: |" * len(configs))
         for n in connections:
-            out.append(f"| {n} | " + " | ".join(_p99(find.get((group, c, n)))
-                                                for c in configs) + " |")
-        out += ["", f"**Goodput per server CPU-second, ratio to no limiter, {title}** (does "
-                "not move when another process takes part of CPU 0).", ""]
+            out.append(
+                f"| {n} | " + " | ".join(_p99(find.get((group, c, n))) for c in configs) + " |"
+            )
+        out += [
+            "",
+            f"**Goodput per server CPU-second, ratio to no limiter, {title}** (does "
+            "not move when another process takes part of CPU 0).",
+            "",
+        ]
         out.append("| connections | " + " | ".join(CONFIGS[c].label for c in configs[1:]) + " |")
         out.append("| --- |" + " ---: |" * (len(configs) - 1))
         for n in connections:
             rows = [find.get((group, c, n)) for c in configs[1:]]
-            out.append(f"| {n} | " + " | ".join(
-                "-" if r is None else f"{r['goodput_per_server_cpu_ratio']:.2f}x"
-                for r in rows) + " |")
+            out.append(
+                f"| {n} | "
+                + " | ".join(
+                    "-" if r is None else f"{r['goodput_per_server_cpu_ratio']:.2f}x" for r in rows
+                )
+                + " |"
+            )
         out.append("")
-    out += ["**Every cell: rates and latency by kind of response** (medians of rounds; "
-            "`refused` is 503 or episode failure; CPU in cores over the window: the server's, "
-            "the client's, and every other process's on the machine)", "",
-            "| group | configuration | conns | 200 ok/s | ok p50 / p99 | refused/s | "
-            "refused p50 / p99 | reconnects/s | server CPU | ok per server CPU-s | "
-            "client CPU | other CPU |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out += [
+        "**Every cell: rates and latency by kind of response** (medians of rounds; "
+        "`refused` is 503 or episode failure; CPU in cores over the window: the server's, "
+        "the client's, and every other process's on the machine)",
+        "",
+        "| group | configuration | conns | 200 ok/s | ok p50 / p99 | refused/s | "
+        "refused p50 / p99 | reconnects/s | server CPU | ok per server CPU-s | "
+        "client CPU | other CPU |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for row in summary:
         refused = {k: v for k, v in row["kinds"].items() if k != "200 ok"}
         refused_rate = sum(v["per_second"] for v in refused.values())
@@ -402,10 +496,12 @@ def tables(summary: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> str:
         ok = row["kinds"].get("200 ok")
         out.append(
             f"| {row['group']} | {row['label']} | {row['connections']} | {row['goodput']:,.0f} | "
-            + (f"{ok['p50_ms']:.0f} / {ok['p99_ms']:.0f} ms" if ok else "-") + " | "
+            + (f"{ok['p50_ms']:.0f} / {ok['p99_ms']:.0f} ms" if ok else "-")
+            + " | "
             + (f"{refused_rate:,.0f} ({', '.join(sorted(refused))})" if refused else "0")
             + " | "
-            + (f"{worst['p50_ms']:.1f} / {worst['p99_ms']:.1f} ms" if worst else "-") + " | "
+            + (f"{worst['p50_ms']:.1f} / {worst['p99_ms']:.1f} ms" if worst else "-")
+            + " | "
             + f"{row['reconnects_per_second']:,.0f} | {row['server_cpu']:.2f} | "
             f"{row['goodput_per_server_cpu_second']:,.0f} | {row['loadgen_cpu']:.2f} "
             f"(max {row['loadgen_cpu_max']:.2f}) | {row['other_cpu']:.2f} "
@@ -413,12 +509,18 @@ def tables(summary: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> str:
         )
     busy_client = [r for r in summary if r["loadgen_cpu_max"] > CLIENT_CPU_WARNING]
     if busy_client:
-        out += ["", f"**Warning**: the client used more than {CLIENT_CPU_WARNING} of its core in "
-                "these cells, so it may have limited them: "
-                + ", ".join(f"{r['group']} {r['config']} c={r['connections']} "
-                            f"({r['loadgen_cpu_max']:.2f})" for r in busy_client)]
-    errors = {(r["group"], r["config"], r["connections"]): r["errors"] for r in summary
-              if r["errors"]}
+        out += [
+            "",
+            f"**Warning**: the client used more than {CLIENT_CPU_WARNING} of its core in "
+            "these cells, so it may have limited them: "
+            + ", ".join(
+                f"{r['group']} {r['config']} c={r['connections']} ({r['loadgen_cpu_max']:.2f})"
+                for r in busy_client
+            ),
+        ]
+    errors = {
+        (r["group"], r["config"], r["connections"]): r["errors"] for r in summary if r["errors"]
+    }
     if errors:
         out += ["", "Client-side errors (summed over rounds):", ""]
         out += [f"- {g} {c} c={n}: {e}" for (g, c, n), e in errors.items()]
@@ -432,9 +534,11 @@ def summarize_files(paths: list[str], out: str | None) -> None:
     pairs: list[tuple[str, str]] = []
     for index, path in enumerate(paths):
         run = json.loads(Path(path).read_text())
-        print(f"{path}: source {run['source']['commit'][:12]}, {run['date']}, load average "
-              f"{run['load_average_start']} -> {run['load_average_end']}, "
-              f"{len(run['rounds'])} rounds")
+        print(
+            f"{path}: source {run['source']['commit'][:12]}, {run['date']}, load average "
+            f"{run['load_average_start']} -> {run['load_average_end']}, "
+            f"{len(run['rounds'])} rounds"
+        )
         for cell in run["cells"]:
             cells.append({**cell, "round": index * 1000 + cell["round"]})
             if (cell["group"], cell["config"]) not in pairs:
@@ -443,43 +547,77 @@ def summarize_files(paths: list[str], out: str | None) -> None:
     print()
     print(tables(summary, pairs))
     if out:
-        Path(out).write_text(json.dumps({"benchmark": "overload", "pooled_from": paths,
-                                         "summary": summary}, indent=1) + "\n")
+        Path(out).write_text(
+            json.dumps(
+                {"benchmark": "overload", "pooled_from": paths, "summary": summary}, indent=1
+            )
+            + "\n"
+        )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--source", default=str(PROJECT_ROOT),
-                        help="gym-concurrency source tree to measure (default: this one)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--source",
+        default=str(PROJECT_ROOT),
+        help="gym-concurrency source tree to measure (default: this one)",
+    )
     parser.add_argument("--label", default="run", help="names the JSON files")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=4.0, help="measured window per cell")
     parser.add_argument("--warmup", type=float, default=1.0, help="warm-up per cell")
     parser.add_argument("--settle", type=float, default=0.2, help="pause between cells")
     parser.add_argument("--connections", default="64,256,1024")
-    parser.add_argument("--wait-quiet", type=float, default=30.0,
-                        help="before each round, wait up to this many seconds for the other "
-                        "processes on the machine to use under 0.3 cores (0: don't)")
-    parser.add_argument("--configs", default=",".join(PLAIN_CONFIGS),
-                        help="comma-separated subset of: " + ", ".join(PLAIN_CONFIGS))
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=30.0,
+        help="before each round, wait up to this many seconds for the other "
+        "processes on the machine to use under 0.3 cores (0: don't)",
+    )
+    parser.add_argument(
+        "--configs",
+        default=",".join(PLAIN_CONFIGS),
+        help="comma-separated subset of: " + ", ".join(PLAIN_CONFIGS),
+    )
     parser.add_argument("--sdk-configs", default=",".join(SDK_CONFIGS))
-    parser.add_argument("--max-other", type=float, default=0.35,
-                        help="measure a cell again if other processes used more cores")
-    parser.add_argument("--retries", type=int, default=2,
-                        help="at most this many extra tries of a noisy cell, while the run keeps "
-                        "within 1.1x of its estimated time")
+    parser.add_argument(
+        "--max-other",
+        type=float,
+        default=0.35,
+        help="measure a cell again if other processes used more cores",
+    )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="at most this many extra tries of a noisy cell, while the run keeps "
+        "within 1.1x of its estimated time",
+    )
     parser.add_argument("--no-sdk", dest="sdk", action="store_false")
-    parser.add_argument("--no-close", dest="close", action="store_false",
-                        help="skip the Connection: close variants even if the setting exists")
+    parser.add_argument(
+        "--no-close",
+        dest="close",
+        action="store_false",
+        help="skip the Connection: close variants even if the setting exists",
+    )
     parser.add_argument("--no-inprocess", dest="inprocess", action="store_false")
-    parser.add_argument("--quick", action="store_true",
-                        help="1 round, 0.5 s warm-up + 1.5 s windows: checks that it all runs")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="1 round, 0.5 s warm-up + 1.5 s windows: checks that it all runs",
+    )
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--json", default=None, help="default: results/overload-LABEL.json")
-    parser.add_argument("--summarize", nargs="+", metavar="JSON",
-                        help="measure nothing: print the tables of earlier runs' JSON files, "
-                        "their rounds pooled (--json writes the pooled summary)")
+    parser.add_argument(
+        "--summarize",
+        nargs="+",
+        metavar="JSON",
+        help="measure nothing: print the tables of earlier runs' JSON files, "
+        "their rounds pooled (--json writes the pooled summary)",
+    )
     args = parser.parse_args()
     if args.summarize:
         summarize_files(args.summarize, args.json)
@@ -498,12 +636,16 @@ def main() -> None:
     offers = probe(args.python, source)
     pairs = plan(args, offers)
     n_cells = sum(len(connections_for(c, args.connections)) for _, c in pairs)
-    estimate = args.rounds * (n_cells * (args.warmup + args.seconds + args.settle + 0.4)
-                              + len(pairs) * 2.5)
+    estimate = args.rounds * (
+        n_cells * (args.warmup + args.seconds + args.settle + 0.4) + len(pairs) * 2.5
+    )
     args.estimate = estimate
-    print(f"source {source}; {len(pairs)} servers x {args.rounds} rounds, {n_cells} cells a "
-          f"round; about {estimate / 60:.1f} min (up to {1.1 * estimate / 60:.1f} min with "
-          "retries of noisy cells)", flush=True)
+    print(
+        f"source {source}; {len(pairs)} servers x {args.rounds} rounds, {n_cells} cells a "
+        f"round; about {estimate / 60:.1f} min (up to {1.1 * estimate / 60:.1f} min with "
+        "retries of noisy cells)",
+        flush=True,
+    )
     RESULTS.mkdir(parents=True, exist_ok=True)
     workdir = Path("/tmp/gym_concurrency_overload")
     workdir.mkdir(exist_ok=True)
@@ -515,19 +657,38 @@ def main() -> None:
         "benchmark": "overload",
         "label": args.label,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "processor": platform.processor() or platform.machine()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+        },
         "load_average_start": load_start,
         "load_average_end": load_average(),
         "seconds": round(time.monotonic() - started, 1),
         "source": describe_tree(source),
         "server": server_info,
         "offers": offers,
-        "settings": {k: getattr(args, k) for k in ("rounds", "seconds", "warmup", "settle",
-                                                   "connections", "configs", "sdk_configs",
-                                                   "wait_quiet", "max_other", "retries")},
-        "pinning": {"server_cpu": SERVER_CPU, "client_cpu": CLIENT_CPU,
-                    "taskset": bool(pinned("0", [])), "sdk_export_interval_s": 1.0},
+        "settings": {
+            k: getattr(args, k)
+            for k in (
+                "rounds",
+                "seconds",
+                "warmup",
+                "settle",
+                "connections",
+                "configs",
+                "sdk_configs",
+                "wait_quiet",
+                "max_other",
+                "retries",
+            )
+        },
+        "pinning": {
+            "server_cpu": SERVER_CPU,
+            "client_cpu": CLIENT_CPU,
+            "taskset": bool(pinned("0", [])),
+            "sdk_export_interval_s": 1.0,
+        },
         "rounds": rounds,
         "summary": summary,
         "cells": cells,
@@ -535,15 +696,24 @@ def main() -> None:
     path = Path(args.json) if args.json else RESULTS / f"overload-{args.label}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print()
-    print(f"source {result['source']['commit'][:12]} ({result['source']['subject'][:72]}); "
-          f"load average {load_start} at start, {result['load_average_end']} at end; "
-          f"{result['seconds'] / 60:.1f} min")
+    print(
+        f"source {result['source']['commit'][:12]} ({result['source']['subject'][:72]}); "
+        f"load average {load_start} at start, {result['load_average_end']} at end; "
+        f"{result['seconds'] / 60:.1f} min"
+    )
     print()
     print(tables(summary, pairs))
     print(f"\nraw results: {path}")
     if args.inprocess:
-        command = [args.python, "-m", "benchmarks.queued_inprocess", "--source", str(source),
-                   "--json", str(path.with_name(f"queued-inprocess-{args.label}.json"))]
+        command = [
+            args.python,
+            "-m",
+            "benchmarks.queued_inprocess",
+            "--source",
+            str(source),
+            "--json",
+            str(path.with_name(f"queued-inprocess-{args.label}.json")),
+        ]
         if args.quick:
             command.append("--quick")
         busy = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else None

@@ -84,8 +84,9 @@ def _middleware_configs() -> list[Config]:
             )
         )
     closing = [
-        replace(c, name=f"{c.name}-close", label=f"{c.label}, Connection: close",
-                close_on_refusal=True)
+        replace(
+            c, name=f"{c.name}-close", label=f"{c.label}, Connection: close", close_on_refusal=True
+        )
         for c in refusing
     ]
     return [

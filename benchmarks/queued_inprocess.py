@@ -245,8 +245,12 @@ async def check_queued_path(driver: Driver) -> int:
 
 
 def summary_of(refusals: Comparison, queueing: Comparison) -> dict[str, Any]:
-    extra = [q - d for q, d in zip(queueing.per_op_ns["queued then admitted"],
-                                   queueing.per_op_ns["direct"], strict=True)]
+    extra = [
+        q - d
+        for q, d in zip(
+            queueing.per_op_ns["queued then admitted"], queueing.per_op_ns["direct"], strict=True
+        )
+    ]
     out: dict[str, Any] = {
         "served_ns": refusals.median_ns("served 200"),
         "direct_ns": queueing.median_ns("direct"),
@@ -277,15 +281,19 @@ def report(title: str, s: dict[str, Any]) -> None:
     print("| --- | ---: | ---: | ---: | :---: |")
     print(f"| served 200 | {format_ns(s['served_ns'])} | 1.000x | | |")
     for name, r in s["refused"].items():
-        print(f"| {name} | {format_ns(r['ns'])} | {r['ratio']:.3f}x "
-              f"({r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f}) | <= {r['target']}x | "
-              f"{'yes' if r['met'] else '**no**'} |")
+        print(
+            f"| {name} | {format_ns(r['ns'])} | {r['ratio']:.3f}x "
+            f"({r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f}) | <= {r['target']}x | "
+            f"{'yes' if r['met'] else '**no**'} |"
+        )
     low, high = s["queued_extra_ns_range"]
     print(f"| direct (after held slots) | {format_ns(s['direct_ns'])} | | | |")
-    print(f"| queued then admitted | {format_ns(s['queued_ns'])} | extra over direct: "
-          f"{format_ns(s['queued_extra_ns'])} ({format_ns(low)} to {format_ns(high)}) | "
-          f"<= {format_ns(QUEUED_EXTRA_TARGET_NS)} | "
-          f"{'yes' if s['queued_extra_met'] else '**no**'} |")
+    print(
+        f"| queued then admitted | {format_ns(s['queued_ns'])} | extra over direct: "
+        f"{format_ns(s['queued_extra_ns'])} ({format_ns(low)} to {format_ns(high)}) | "
+        f"<= {format_ns(QUEUED_EXTRA_TARGET_NS)} | "
+        f"{'yes' if s['queued_extra_met'] else '**no**'} |"
+    )
 
 
 async def main(args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -316,8 +324,10 @@ async def main(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             [
                 Case("served 200", served(shed_problem)),
                 Case("refused, queue full (problem 503)", refused(shed_problem, "problem")),
-                Case("refused, queue full (episode 200 failure row)",
-                     refused(driver("q0-episode"), "episode")),
+                Case(
+                    "refused, queue full (episode 200 failure row)",
+                    refused(driver("q0-episode"), "episode"),
+                ),
             ],
             settings,
             unit="request",
@@ -333,15 +343,19 @@ async def main(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         )
         summary = summary_of(refusals, queueing)
         report(f"In process, {mode} (CPU per request, {settings.rounds} rounds)", summary)
-        results[mode] = {"summary": summary, "refusals": refusals.to_json(),
-                         "queueing": queueing.to_json()}
+        results[mode] = {
+            "summary": summary,
+            "refusals": refusals.to_json(),
+            "queueing": queueing.to_json(),
+        }
     provider.shutdown()
     return results
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="few short rounds (smoke test)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--no-sdk", action="store_true")
@@ -358,19 +372,27 @@ if __name__ == "__main__":
         figures = uvloop.run(main(arguments, tree))
     else:
         figures = asyncio.run(main(arguments, tree))
-    print(f"\nsource {tree}; load average {load_start} at start, "
-          f"{[round(x, 2) for x in os.getloadavg()]} at end; "
-          f"{time.monotonic() - started:.0f} s")
+    print(
+        f"\nsource {tree}; load average {load_start} at start, "
+        f"{[round(x, 2) for x in os.getloadavg()]} at end; "
+        f"{time.monotonic() - started:.0f} s"
+    )
     if arguments.json:
-        Path(arguments.json).write_text(json.dumps({
-            "benchmark": "queued_inprocess",
-            "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "python": sys.version.split()[0],
-            "loop": arguments.loop,
-            "load_average_start": load_start,
-            "load_average_end": [round(x, 2) for x in os.getloadavg()],
-            "source": describe_tree(tree),
-            "gym_concurrency_files": loaded_files(tree),
-            "results": figures,
-        }, indent=1) + "\n")
+        Path(arguments.json).write_text(
+            json.dumps(
+                {
+                    "benchmark": "queued_inprocess",
+                    "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                    "python": sys.version.split()[0],
+                    "loop": arguments.loop,
+                    "load_average_start": load_start,
+                    "load_average_end": [round(x, 2) for x in os.getloadavg()],
+                    "source": describe_tree(tree),
+                    "gym_concurrency_files": loaded_files(tree),
+                    "results": figures,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         print(f"raw results: {arguments.json}")

@@ -58,8 +58,10 @@ def main() -> int:
             f"{SIZES[1]:>6} waiters: {large * 1000:8.2f} ms  ratio {ratios[name]:6.1f}"
         )
     linear = ratios["MeteredSemaphore"] <= LINEAR_BOUND
-    print(f"MeteredSemaphore ratio {ratios['MeteredSemaphore']:.1f} "
-          f"({'linear' if linear else 'NOT linear'}: bound {LINEAR_BOUND})")
+    print(
+        f"MeteredSemaphore ratio {ratios['MeteredSemaphore']:.1f} "
+        f"({'linear' if linear else 'NOT linear'}: bound {LINEAR_BOUND})"
+    )
     return 0 if linear else 1
 
 

@@ -1,11 +1,20 @@
 """Visible, bounded and honest concurrency limits, reported through OpenTelemetry.
 
-`MeteredSemaphore` counts a limit's state in plain integers, the observer exports it at
-collection time, and `resources_operation` times limited work by queue wait, run time and
-outcome. Only the OpenTelemetry API is needed; an application sets up the SDK.
+`MeteredSemaphore` (a process's own) and `SharedLimit` (one limit across processes, on Redis)
+are the kinds of `Limit`; the observer exports every named limit at collection time, and
+`resources_operation` times limited work by queue wait, run time and outcome. Only the
+OpenTelemetry API is needed; an application sets up the SDK (redis only for a SharedLimit
+that connects).
 """
 
-from .limit import Limit
+from .limits import (
+    Limit,
+    LimitStatistics,
+    LimitUnavailableError,
+    MeteredSemaphore,
+    QueueFullError,
+    SharedLimit,
+)
 from .names import (
     ACTIVE_INSTRUMENT,
     ADMISSION_CANCELLED_INSTRUMENT,
@@ -34,8 +43,6 @@ from .names import (
 )
 from .observer import observe_concurrency
 from .operations import ResourcesOperation, resources_operation
-from .semaphore import MeteredSemaphore, QueueFullError
-from .shared_limit import LimitUnavailableError, SharedLimit  # redis is imported on connect
 
 __all__ = [
     "ACTIVE_INSTRUMENT",
@@ -63,6 +70,7 @@ __all__ = [
     "QUEUE_WAIT_INSTRUMENT",
     "SERVER_ATTRIBUTE",
     "Limit",
+    "LimitStatistics",
     "LimitUnavailableError",
     "MeteredSemaphore",
     "QueueFullError",

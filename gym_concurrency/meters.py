@@ -6,6 +6,7 @@ providers discard every point, so building attributes and reading clocks for the
 
 from __future__ import annotations
 
+import importlib
 import logging
 import weakref
 from collections.abc import Callable, Mapping
@@ -16,12 +17,14 @@ from opentelemetry.metrics import Histogram, Meter, MeterProvider, NoOpMeterProv
 
 from .names import METER_NAME
 
-try:  # The proxy stands in for the global provider until the application sets one.
-    from opentelemetry.metrics import _internal as _api_internal
-    from opentelemetry.metrics._internal import _ProxyMeterProvider
-except ImportError:  # pragma: no cover - a future API that moved them
-    _api_internal = None  # type: ignore[assignment]
-    _ProxyMeterProvider = NoOpMeterProvider  # type: ignore[misc,assignment]
+# The API's private module: its set-once global (read directly, see current_provider) and the
+# proxy that stands in for the global provider until the application sets one. Looked up by
+# name, so that an API which moved them degrades to the public calls instead of failing.
+_api_internal = importlib.import_module("opentelemetry.metrics._internal")
+_NOT_EXPORTING: tuple[type, ...] = (
+    NoOpMeterProvider,
+    *[t for t in (getattr(_api_internal, "_ProxyMeterProvider", None),) if isinstance(t, type)],
+)
 
 SCOPE_VERSION = "0.1.0"
 T = TypeVar("T")
@@ -35,7 +38,7 @@ _environment_consulted = False
 
 def is_exporting(provider: MeterProvider) -> bool:
     """True if `provider` records points: neither the API's no-op nor its unset proxy."""
-    return not isinstance(provider, (NoOpMeterProvider, _ProxyMeterProvider))
+    return not isinstance(provider, _NOT_EXPORTING)
 
 
 def current_provider(meter_provider: MeterProvider | None = None) -> MeterProvider | None:
@@ -54,7 +57,7 @@ def current_provider(meter_provider: MeterProvider | None = None) -> MeterProvid
         _environment_consulted = True
         metrics.get_meter_provider()  # lets OTEL_PYTHON_METER_PROVIDER set the global now
         provider = getattr(_api_internal, "_METER_PROVIDER", None)
-    return provider  # type: ignore[return-value]
+    return provider if isinstance(provider, MeterProvider) else None
 
 
 def meter_for(provider: MeterProvider) -> Meter:

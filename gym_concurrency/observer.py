@@ -15,27 +15,23 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
 from . import names
+from .limits import Limit, registered_limits
+from .limits.registry import watch
 from .meters import SCOPE_VERSION, meter_for
 
-if TYPE_CHECKING:
-    from .limit import Limit
-
-__all__ = ["observe_concurrency", "registered_limits", "registered_semaphores"]
+__all__ = ["observe_concurrency"]
 
 _log = logging.getLogger(__name__)
 
 _AttributeKey = tuple[tuple[str, str], ...]
-_Reading = Callable[["Limit"], "int | None"]
+_Reading = Callable[[Limit], "int | None"]
 
-# id(limit) -> (weak reference, attribute key). A plain dict so that a snapshot taken
-# on the exporter's thread (`list(values())`) is atomic while the event loop registers more.
-_REGISTRY: dict[int, tuple[weakref.ref[Limit], _AttributeKey]] = {}
 _ATTRIBUTES: dict[_AttributeKey, dict[str, str]] = {}
 
 _lock = threading.Lock()
@@ -45,31 +41,8 @@ _provider_instruments: weakref.WeakKeyDictionary[MeterProvider, list[Any]] = (
 )
 
 
-def register(limit: Limit) -> None:
-    """Report `limit` (it has a component and a limit_name) until it is collected."""
-    key = _attribute_key(limit)
-    ident = id(limit)
-
-    def forget(ref: weakref.ref[Limit]) -> None:
-        entry = _REGISTRY.get(ident)
-        if entry is not None and entry[0] is ref:
-            _REGISTRY.pop(ident, None)
-
-    _REGISTRY[ident] = (weakref.ref(limit, forget), key)
-    if _global_instruments is None:
-        _observe_global()
-
-
-def registered_limits() -> list[Limit]:
-    """The named limits alive now (of every kind), in registration order."""
-    return [limit for ref, _ in list(_REGISTRY.values()) if (limit := ref()) is not None]
-
-
-registered_semaphores = registered_limits  # the earlier name, kept working
-
-
 def observe_concurrency(meter_provider: MeterProvider | None = None) -> None:
-    """Report every named semaphore through `meter_provider` too (None = global); idempotent."""
+    """Report every named limit through `meter_provider` too (None = global); idempotent."""
     if meter_provider is None or meter_provider is metrics.get_meter_provider():
         _observe_global()
         return
@@ -78,14 +51,20 @@ def observe_concurrency(meter_provider: MeterProvider | None = None) -> None:
             _provider_instruments[meter_provider] = _create_instruments(meter_for(meter_provider))
 
 
-def _observe_global() -> None:
+def _observe_global(_limit: Limit | None = None) -> None:
     global _global_instruments
+    if _global_instruments is not None:
+        return
     with _lock:
         if _global_instruments is None:
             # The API's get_meter returns a proxy until an SDK provider is set, and the proxy
             # re-creates these instruments (callbacks included) on that provider once it is.
             meter = metrics.get_meter(names.METER_NAME, SCOPE_VERSION)
             _global_instruments = _create_instruments(meter)
+
+
+# The global provider observes every named limit from the first one made, with no call.
+watch(_observe_global)
 
 
 def _attribute_key(limit: Limit) -> _AttributeKey:
@@ -98,7 +77,8 @@ def _attribute_key(limit: Limit) -> _AttributeKey:
     if limit.scope == names.GLOBAL_SCOPE:
         pairs.append((names.SCOPE_ATTRIBUTE, names.GLOBAL_SCOPE))
     key = tuple(pairs)
-    _ATTRIBUTES.setdefault(key, dict(pairs))
+    if key not in _ATTRIBUTES:
+        _ATTRIBUTES[key] = dict(pairs)
     return key
 
 
@@ -108,6 +88,7 @@ class _Instrument(NamedTuple):
     read: _Reading  # None leaves the limit out (no timeout: no timeouts series)
     unit: str
     description: str
+    only_if: Callable[[Limit], bool] | None = None  # which limits have this series at all
 
 
 _INSTRUMENTS = (
@@ -142,7 +123,8 @@ _INSTRUMENTS = (
     _Instrument(
         names.ADMISSION_TIMEOUTS_INSTRUMENT,
         monotonic=True,
-        read=lambda s: None if s.timeout is None else s.admission_timeouts,
+        read=lambda s: s.admission_timeouts,
+        only_if=lambda limit: limit.timeout is not None,
         unit=names.REQUEST_UNIT,
         description="Waits for a slot that gave up at the limit's timeout.",
     ),
@@ -156,14 +138,16 @@ _INSTRUMENTS = (
     _Instrument(
         names.ADMISSION_SHED_INSTRUMENT,
         monotonic=True,
-        read=lambda s: None if s.max_queue is None else s.admission_shed,
+        read=lambda s: s.admission_shed,
+        only_if=lambda limit: limit.max_queue is not None,
         unit=names.REQUEST_UNIT,
         description="Acquires refused at once because the limit's queue was full.",
     ),
     _Instrument(
         names.ADMISSION_UNAVAILABLE_INSTRUMENT,
         monotonic=True,
-        read=lambda s: _unavailable(s),
+        read=lambda s: s.statistics().admission_unavailable,
+        only_if=lambda limit: limit.scope == names.GLOBAL_SCOPE,
         unit=names.REQUEST_UNIT,
         description=(
             "Admissions to a limit shared across processes that could not reach its store "
@@ -171,14 +155,6 @@ _INSTRUMENTS = (
         ),
     ),
 )
-
-
-def _unavailable(limit: Limit) -> int | None:
-    """A global limit's `admission_unavailable`; None (no series) for a process limit."""
-    if limit.scope != names.GLOBAL_SCOPE:
-        return None
-    count = getattr(limit, "admission_unavailable", None)
-    return count if isinstance(count, int) else None
 
 
 def _create_instruments(meter: Meter) -> list[Any]:
@@ -189,36 +165,37 @@ def _create_instruments(meter: Meter) -> list[Any]:
             if spec.monotonic
             else meter.create_observable_up_down_counter
         )
-        callbacks = [_callback(spec.name, spec.read)]
+        callbacks = [_callback(spec)]
         made.append(create(spec.name, callbacks, unit=spec.unit, description=spec.description))
     return made
 
 
-def _callback(what: str, read: _Reading) -> Callable[[CallbackOptions], Iterable[Observation]]:
+def _callback(spec: _Instrument) -> Callable[[CallbackOptions], Iterable[Observation]]:
     failed_before = False  # log the first failure with its traceback, later ones at debug
 
     def observe(options: CallbackOptions) -> Iterable[Observation]:
         nonlocal failed_before
         try:
-            return _observations(read)
+            return _observations(spec)
         except Exception:  # an exception must never reach the SDK's collection
             if failed_before:
-                _log.debug("gym_concurrency: observing %s failed again", what)
+                _log.debug("gym_concurrency: observing %s failed again", spec.name)
             else:
                 failed_before = True
-                _log.exception("gym_concurrency: observing %s failed; reporting nothing", what)
+                _log.exception("gym_concurrency: observing %s failed; reporting nothing", spec.name)
             return []
 
     return observe
 
 
-def _observations(read: _Reading) -> list[Observation]:
+def _observations(spec: _Instrument) -> list[Observation]:
+    """One point per attribute set: the limits that share one are summed (as one limit)."""
     totals: dict[_AttributeKey, int] = {}
-    for ref, key in list(_REGISTRY.values()):
-        limit = ref()
-        if limit is None:
+    for limit in registered_limits():
+        if spec.only_if is not None and not spec.only_if(limit):
             continue
-        value = read(limit)
+        value = spec.read(limit)
         if value is not None:
+            key = _attribute_key(limit)
             totals[key] = totals.get(key, 0) + value
     return [Observation(value, _ATTRIBUTES[key]) for key, value in totals.items()]

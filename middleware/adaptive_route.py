@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import asyncio
 from time import perf_counter
-from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gym_concurrency.adaptive import AdaptiveController, AdaptiveLimiter, DrainRate, make_controller
-from gym_concurrency.limit import Limit
+from gym_concurrency.limits import Limit
+from gym_concurrency.limits.adaptive import (
+    AdaptiveController,
+    AdaptiveLimiter,
+    DrainRate,
+    make_controller,
+)
 
 from .settings import RouteLimit
-
-if TYPE_CHECKING:
-    from .queued import QueuedAdmission
 
 __all__ = ["RouteFeedback", "controller_for"]
 
@@ -48,7 +49,7 @@ class RouteFeedback:
     """The app call of an admitted request on one limit (shared by the routes that share it),
     measured for its `limiter` (adaptive) and counted by its `drain` (Retry-After auto)."""
 
-    __slots__ = ("app", "config", "drain", "limit", "limiter", "overload_statuses", "queued")
+    __slots__ = ("app", "config", "drain", "limit", "limiter", "overload_statuses")
 
     def __init__(
         self,
@@ -65,12 +66,10 @@ class RouteFeedback:
         statuses = config.adaptive.overload_status_codes if config.adaptive else ()
         self.overload_statuses = frozenset(statuses)
         self.app: ASGIApp | None = None  # set by the middleware (bind)
-        self.queued: QueuedAdmission | None = None  # its queued path, calling this feedback
 
-    def bind(self, app: ASGIApp, queued: QueuedAdmission) -> None:
-        """Call `app` for admitted requests; `queued` serves this limit's queued requests."""
+    def bind(self, app: ASGIApp) -> None:
+        """Call `app` for admitted requests."""
         self.app = app
-        self.queued = queued
 
     def retry_after(self) -> int:
         """Retry-After seconds now: the queue ahead and the request, at the drain rate."""

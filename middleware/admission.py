@@ -1,4 +1,4 @@
-"""ConcurrencyLimitMiddleware: admit each request on a limited route through its semaphore,
+"""ConcurrencyLimitMiddleware: admit each request on a limited route through its limit,
 hold the slot for the whole app call, or answer with the route's failure profile.
 
 One request, top to bottom: scope -> route table -> admit (or fail) -> app -> release.
@@ -70,7 +70,6 @@ class ConcurrencyLimitMiddleware:
         self.limits = ConcurrencyLimits(self.settings, meter_provider)
         self._recorder = QueueWaitRecorder(meter_provider)
         self._queued = QueuedAdmission(
-            app,
             self._recorder,
             max_body_bytes=self.settings.max_queued_body_bytes,
             bodies=QueuedBodies(self.settings.max_queued_body_bytes_total),
@@ -105,13 +104,12 @@ class ConcurrencyLimitMiddleware:
         app = self.app if feedback is None else feedback
         if not limit.try_acquire():
             waiter = limit.enqueue()
-            if waiter.done() and scope_type == "http":  # refused as it arrived
-                self._record_no_wait(route, waiter.result())
-                await self._queued.refuse_at_once(route, waiter.result(), receive, send)
+            result = waiter.result() if waiter.done() else None
+            if result is not None and result != "admitted" and scope_type == "http":
+                self._record_no_wait(route, result)  # refused as it arrived
+                await self._queued.refuse_at_once(route, result, receive, send)
             else:  # it waits: read the client meanwhile
-                queued = self._queued if feedback is None else feedback.queued
-                assert queued is not None
-                await queued(route, waiter, scope, receive, send)
+                await self._queued(app, route, waiter, scope, receive, send)
             return
         try:  # the slot is held from here on: nothing may come between taking and `try`
             # A free slot and nobody waiting: taken at once, so the wait recorded is zero.
@@ -169,7 +167,8 @@ class ConcurrencyLimitMiddleware:
             if not await limit.connect():
                 _log.warning(
                     "gym_concurrency: limit %r: its Redis cannot be reached; admissions are "
-                    "%s until it can", limit.limit_name,
+                    "%s until it can",
+                    limit.limit_name,
                     "refused" if self.settings.redis_unavailable == "refuse" else "local",
                 )
 
@@ -220,8 +219,9 @@ class ConcurrencyLimitMiddleware:
                 "from another thread, use loop.call_soon_threadsafe(middleware.reload, settings)"
             ) from None
         if self._config_error is not None:
-            raise ConcurrencyConfigError(f"cannot reload a misconfigured middleware: "
-                                         f"{self._config_error}")
+            raise ConcurrencyConfigError(
+                f"cannot reload a misconfigured middleware: {self._config_error}"
+            )
         limits = ConcurrencyLimits(settings, self.limits.meter_provider, previous=self.limits)
         table = None
         if self._routed_app is not None:
@@ -230,7 +230,7 @@ class ConcurrencyLimitMiddleware:
                 table = RouteTable.compile(app, [(r.config, r) for r in limits.routes])
                 check_operation_names(app, limits.operations)
             except UnknownRouteError as error:
-                raise ConcurrencyConfigError(f"gym_concurrency: reload refused: {error}") from None
+                raise ConcurrencyConfigError(f"gym_concurrency: {error}") from None
         changes = limits.apply()
         self._queued.max_body_bytes = settings.max_queued_body_bytes
         self._queued.bodies.limit = settings.max_queued_body_bytes_total
@@ -238,25 +238,14 @@ class ConcurrencyLimitMiddleware:
         self._bind(limits)
         self.settings, self.limits, self._table = settings, limits, table
         self._operations = bool(limits.operations)
-        for change in changes:
-            _log.info("gym_concurrency reload: %s", change)
+        for change in changes:  # WARNING: shown by Python's (and uvicorn's) default logging
+            _log.warning("gym_concurrency reload: %s", change)
         return changes
 
     def _bind(self, limits: ConcurrencyLimits) -> None:
-        """Give each feedback the app to call and its own queued path, calling it."""
-        queued = self._queued
+        """Give each feedback the app to call."""
         for feedback in limits.feedbacks():
-            feedback.bind(
-                self.app,
-                QueuedAdmission(
-                    feedback,
-                    self._recorder,
-                    max_body_bytes=queued.max_body_bytes,
-                    bodies=queued.bodies,
-                    refusal_body_seconds=queued.refusal_body_seconds,
-                    cascade=queued.cascade,
-                ),
-            )
+            feedback.bind(self.app)
 
     async def _misconfigured(self, scope: Scope, send: Send) -> None:
         # Without lifespan there is no start to fail: every request says what is wrong.

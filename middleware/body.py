@@ -28,6 +28,7 @@ def _start(read: Awaitable[Message]) -> asyncio.Future[Message]:
     wait, so a message the server already has costs no loop pass."""
     if _EAGER and asyncio.iscoroutine(read):
         loop = asyncio.get_running_loop()
+        # eager_start is new in 3.12; mypy checks against 3.11's signature.
         return asyncio.Task(read, loop=loop, eager_start=True)  # type: ignore[call-arg,unused-ignore]
     return asyncio.ensure_future(read)
 

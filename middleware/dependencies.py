@@ -35,14 +35,14 @@ class OperationHandle:
 
     @property
     def limit(self) -> LimitedOperation:
-        """The configured limit and its MeteredSemaphore."""
+        """The configured operation limit and its limit."""
         return self._limit
 
     def operation(self) -> Any:
         """A fresh `resources_operation` on this limit (an async context manager)."""
         config = self._limit.config
         return resources_operation(
-            self._limit.semaphore,
+            self._limit.limit,
             config.operation,
             config.executor,
             meter_provider=self._meter_provider,
@@ -66,7 +66,7 @@ class OperationHandle:
     def _pop_open(self) -> Any:
         """The block this exit closes: the current task's innermost, else (an async generator
         finalized in another task) the most recently opened one: each releases one slot of the
-        same semaphore, so the count stays exact either way."""
+        same limit, so the count stays exact either way."""
         task = asyncio.current_task()
         if task not in self._open:
             if not self._open:

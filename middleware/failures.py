@@ -13,33 +13,32 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from starlette.types import Send
 
+from gym_concurrency.limits import REFUSALS, Refusal
+
 from .settings import RouteLimit
 
-__all__ = ["Reason", "RouteFailures", "episode_ids", "retry_after_seconds"]
+__all__ = ["RouteFailures", "episode_ids", "retry_after_seconds"]
 
-Reason = Literal["timeout", "shed", "unavailable"]
-REASONS: tuple[Reason, ...] = ("timeout", "shed", "unavailable")
-
-PROBLEM_TYPES: dict[Reason, str] = {
+PROBLEM_TYPES: dict[Refusal, str] = {
     "timeout": "urn:gym-concurrency:admission-timeout",
     "shed": "urn:gym-concurrency:queue-full",
     "unavailable": "urn:gym-concurrency:limit-unavailable",
 }
-PROBLEM_TITLES: dict[Reason, str] = {
+PROBLEM_TITLES: dict[Refusal, str] = {
     "timeout": "Admission timed out",
     "shed": "Admission queue full",
     "unavailable": "Admission unavailable",
 }
-OPENAI_CODES: dict[Reason, str] = {
+OPENAI_CODES: dict[Refusal, str] = {
     "timeout": "admission_timeout",
     "shed": "queue_full",
     "unavailable": "limit_unavailable",
 }
-EPISODE_FAILURE_REASONS: dict[Reason, str] = {
+EPISODE_FAILURE_REFUSALS: dict[Refusal, str] = {
     "timeout": "Episode admission timed out",
     "shed": "Episode admission queue full",
     "unavailable": "Episode admission unavailable",
@@ -63,7 +62,7 @@ class RouteFailures:
     ) -> None:
         self.episode = route.failure == "episode"
         self.status = 200 if self.episode else 503
-        self._bodies = {reason: _encoded_body(route, reason) for reason in REASONS}
+        self._bodies = {reason: _encoded_body(route, reason) for reason in REFUSALS}
         content_type = _PROBLEM_JSON if route.failure == "problem" else _JSON
         headers = [(b"content-type", content_type)]
         # `retry_after` (Retry-After auto): computed for each refusal, from the drain rate.
@@ -74,7 +73,7 @@ class RouteFailures:
             headers.append((b"connection", b"close"))
         self._headers = headers
 
-    def body(self, reason: Reason, request_body: bytes | None = None) -> bytes:
+    def body(self, reason: Refusal, request_body: bytes | None = None) -> bytes:
         """The body for `reason`; an episode body carries the ids of `request_body` (None:
         not read in full, so null ids)."""
         encoded = self._bodies[reason]
@@ -83,7 +82,7 @@ class RouteFailures:
         episode_id, task_id = episode_ids(request_body) if request_body else (_NULL, _NULL)
         return b'{"episode_id":%s,"task_id":%s%s' % (episode_id, task_id, encoded)
 
-    async def send(self, send: Send, reason: Reason, request_body: bytes | None = None) -> None:
+    async def send(self, send: Send, reason: Refusal, request_body: bytes | None = None) -> None:
         """Send the whole response for `reason` over ASGI `send`."""
         body = self.body(reason, request_body)
         # A fresh headers list each time: outer middlewares may append to it in place.
@@ -104,7 +103,7 @@ def retry_after_seconds(route: RouteLimit) -> int:
     return 1
 
 
-def _encoded_body(route: RouteLimit, reason: Reason) -> bytes:
+def _encoded_body(route: RouteLimit, reason: Refusal) -> bytes:
     """The encoded body; for an episode, all of it after the ids (`,"result":...}`)."""
     if route.failure == "episode":
         rest = _dumps({"result": None, "failure": _episode_failure(reason)})
@@ -114,7 +113,7 @@ def _encoded_body(route: RouteLimit, reason: Reason) -> bytes:
     return _dumps(_problem_body(route, reason))
 
 
-def _detail(route: RouteLimit, reason: Reason) -> str:
+def _detail(route: RouteLimit, reason: Refusal) -> str:
     limit = f"{route.limit_name!r} (max_concurrent={route.max_concurrent})"
     if route.adaptive is not None:
         bounds = f"{route.adaptive.min_concurrent}..{route.adaptive.max_concurrent}"
@@ -128,7 +127,7 @@ def _detail(route: RouteLimit, reason: Reason) -> str:
     return f"The shared limit {limit} could not be reached."
 
 
-def _problem_body(route: RouteLimit, reason: Reason) -> dict[str, Any]:
+def _problem_body(route: RouteLimit, reason: Refusal) -> dict[str, Any]:
     return {
         "type": PROBLEM_TYPES[reason],
         "title": PROBLEM_TITLES[reason],
@@ -138,7 +137,7 @@ def _problem_body(route: RouteLimit, reason: Reason) -> dict[str, Any]:
     }
 
 
-def _openai_body(route: RouteLimit, reason: Reason) -> dict[str, Any]:
+def _openai_body(route: RouteLimit, reason: Refusal) -> dict[str, Any]:
     return {
         "error": {
             "message": _detail(route, reason),
@@ -149,8 +148,8 @@ def _openai_body(route: RouteLimit, reason: Reason) -> dict[str, Any]:
     }
 
 
-def _episode_failure(reason: Reason) -> dict[str, Any]:
-    reason_text = EPISODE_FAILURE_REASONS[reason]
+def _episode_failure(reason: Refusal) -> dict[str, Any]:
+    reason_text = EPISODE_FAILURE_REFUSALS[reason]
     return {"failure_reason": reason_text, "terminal": False, "stage": "admission"}
 
 

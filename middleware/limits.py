@@ -1,26 +1,24 @@
-"""The semaphores one middleware makes from its settings: one per route limit_name and one per
+"""The limits one middleware makes from its settings: one per route limit_name and one per
 operation limit, each carrying the settings' component and server name.
 
-Made again from new settings (`previous=`, a reload), the limits keep their semaphores by
-limit_name: held slots and waiters stay where they are, and only what `apply()` changes moves
-(sizes, adaptive controllers). Changes a running semaphore cannot take (its queue timeout,
-its queue bound, the metric attributes) are refused before anything is applied.
+Made again from new settings (`previous=`, a reload), the limits keep their running limits by
+limit_name: held slots and waiters stay where they are. What changes is a typed plan, checked
+whole before anything moves (a change a running limit cannot take, its queue timeout, its
+queue bound, its scope or the metric attributes, is refused first), then carried out by
+`apply()`, which says what changed, one line per change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Literal
 
 from opentelemetry.metrics import MeterProvider
+from pydantic import BaseModel
 
-from gym_concurrency import MeteredSemaphore, observe_concurrency
-from gym_concurrency.adaptive import AdaptiveLimiter, DrainRate
-from gym_concurrency.limit import Limit
-
-if TYPE_CHECKING:
-    from gym_concurrency.shared_limit import SharedLimit
+from gym_concurrency import MeteredSemaphore, SharedLimit, observe_concurrency
+from gym_concurrency.limits import Limit
+from gym_concurrency.limits.adaptive import AdaptiveLimiter, DrainRate
 from gym_concurrency.names import (
     ADMISSION_OUTCOME_ATTRIBUTE,
     ADMISSION_OUTCOMES,
@@ -33,10 +31,16 @@ from .adaptive_route import RouteFeedback, controller_for
 from .failures import RouteFailures
 from .settings import ConcurrencySettings, OperationLimit, RouteLimit
 
-__all__ = ["LIMITS_SCOPE_KEY", "ConcurrencyLimits", "LimitedOperation", "LimitedRoute"]
+__all__ = ["LIMITS_SCOPE_KEY", "ConcurrencyLimits", "LimitPlan", "LimitedOperation", "LimitedRoute"]
 
 # Where the middleware leaves its ConcurrencyLimits in every request scope, for dependencies.
 LIMITS_SCOPE_KEY = "gym_concurrency.limits"
+
+# What a reload may not change on a running limit (its waiters were admitted under them).
+_FIXED_ROUTE_FIELDS = ("queue_timeout_seconds", "max_queue", "scope")
+_FIXED_OPERATION_FIELDS = ("timeout_seconds", "scope")
+# Said in a plan's first line (size and how it moves), not as a field of its own.
+_SIZE_FIELDS = frozenset({"max_concurrent", "adaptive"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,16 +57,81 @@ class LimitedRoute:
 
 @dataclass(frozen=True, slots=True)
 class LimitedOperation:
-    """A configured operation limit with its semaphore (whose timeout is `timeout_seconds`)."""
+    """A configured operation limit with its limit (whose timeout is `timeout_seconds`)."""
 
     config: OperationLimit
-    semaphore: MeteredSemaphore
+    limit: Limit
+
+
+@dataclass(frozen=True, slots=True)
+class LimitPlan:
+    """What new settings do to one limit: add it, or change a running one (its size, the
+    controller that moves it, its other settings). Carried out by `apply()`."""
+
+    kind: Literal["route", "operation"]
+    limit: Limit
+    config: RouteLimit | OperationLimit
+    previous: RouteLimit | OperationLimit | None = None  # None: a new limit
+    feedback: RouteFeedback | None = None
+    old_limiter: AdaptiveLimiter | None = None  # the controller moving it until now
+
+    @property
+    def name(self) -> str:
+        return self.config.limit_name
+
+    def apply(self) -> list[str]:
+        """Make the limit what `config` says; what changed, one line each."""
+        before = self.limit.limit
+        how = self._move()
+        if self.previous is None:
+            return [f"{self.kind} limit {self.name!r} added: {self.limit.limit}{how}"]
+        lines = []
+        if before != self.limit.limit or _differ(self.previous, self.config, _SIZE_FIELDS):
+            lines.append(f"{self.kind} limit {self.name!r}: {before} -> {self.limit.limit}{how}")
+        lines += [
+            f"{self.kind} limit {self.name!r}: {field} {old!r} -> {new!r}"
+            for field, old, new in _changed_fields(self.previous, self.config)
+            if field not in _SIZE_FIELDS
+        ]
+        return lines
+
+    def _move(self) -> str:
+        """Resize the limit or hand it to its controller; how it moves (", static" ...)."""
+        config = self.config
+        if not isinstance(config, RouteLimit):  # an operation limit: a fixed size
+            if self.limit.limit != config.max_concurrent:
+                self.limit.resize(config.max_concurrent)
+            return ""
+        previous = self.previous
+        old = self.old_limiter
+        kept = (
+            old is not None
+            and isinstance(previous, RouteLimit)
+            and not _differ(previous, config, _SIZE_FIELDS)
+        )
+        if kept:  # the same controller goes on moving it
+            assert self.feedback is not None
+            self.feedback.limiter = old
+        elif old is not None:
+            old.stop()
+        adaptive = config.adaptive
+        if adaptive is None:
+            if self.limit.limit != config.max_concurrent:
+                self.limit.resize(config.max_concurrent)
+            return ", static"
+        if not kept:
+            assert self.feedback is not None
+            restart = previous is None or previous.max_concurrent != config.max_concurrent
+            start = None if restart else self.limit.limit
+            self.feedback.limiter = AdaptiveLimiter(self.limit, controller_for(config, start))
+        bounds = f"{adaptive.min_concurrent}..{adaptive.max_concurrent}"
+        return f", adaptive ({adaptive.algorithm}, {bounds})"
 
 
 class ConcurrencyLimits:
-    """Every semaphore made from one ConcurrencySettings, and the meter provider they report to.
+    """Every limit made from one ConcurrencySettings, and the meter provider they report to.
 
-    With `previous` (a reload), semaphores of the same limit_name are kept; ValueError (naming
+    With `previous` (a reload), limits of the same limit_name are kept; ValueError (naming
     the field) for a change that needs a restart. Nothing changes until `apply()`."""
 
     def __init__(
@@ -79,46 +148,55 @@ class ConcurrencyLimits:
         if previous is not None:
             _check_same_attributes(previous.settings, settings)
         self._previous = previous
-        self._pending: list[Callable[[], str | None]] = []
-        self._route_limits: dict[str, tuple[MeteredSemaphore, RouteFeedback | None, RouteLimit]]
-        self._route_limits = {}
+        self._route_plans: dict[str, LimitPlan] = {}
         self.routes = [self._limited_route(i, config) for i, config in enumerate(settings.routes)]
-        self.operations = {
-            config.limit_name: LimitedOperation(config, self._operation_semaphore(i, config))
-            for i, config in enumerate(settings.operations)
-        }
+        self.operations: dict[str, LimitedOperation] = {}
+        self._operation_plans: list[LimitPlan] = []
+        for index, config in enumerate(settings.operations):
+            plan = self._operation_plan(index, config)
+            self._operation_plans.append(plan)
+            self.operations[config.limit_name] = LimitedOperation(config, plan.limit)
         if previous is None:
             self.apply()
 
     def apply(self) -> list[str]:
         """Make the running limits what these settings say; what changed, one line each."""
-        changes = [change for step in self._pending if (change := step()) is not None]
-        self._pending.clear()
+        plans = [*self._route_plans.values(), *self._operation_plans]
+        changes = [line for plan in plans for line in plan.apply()]
         previous, self._previous = self._previous, None
-        if previous is not None:
-            for name, (_, feedback, _) in previous._route_limits.items():
-                if name not in self._route_limits:
-                    changes.append(f"route limit {name!r} removed")
-                    if feedback is not None and feedback.limiter is not None:
-                        feedback.limiter.stop()
-            changes += [
-                f"operation limit {name!r} removed"
-                for name in previous.operations
-                if name not in self.operations
-            ]
+        if previous is None:
+            return []  # the first settings: nothing changed, everything began
+        for name, plan in previous._route_plans.items():
+            if name not in self._route_plans:
+                changes.append(f"route limit {name!r} removed")
+                if plan.feedback is not None and plan.feedback.limiter is not None:
+                    plan.feedback.limiter.stop()
+        changes += [
+            f"operation limit {name!r} removed"
+            for name in previous.operations
+            if name not in self.operations
+        ]
+        changes += [  # settings of every limit: the body bounds, close_connection_on_refusal
+            f"{field} {old!r} -> {new!r}"
+            for field, old, new in _changed_fields(previous.settings, self.settings)
+            if field not in ("routes", "operations")
+        ]
         return changes
+
+    def limits(self) -> list[Limit]:
+        """Every limit these settings made, routes' then operations'."""
+        made = [plan.limit for plan in self._route_plans.values()]
+        return made + [operation.limit for operation in self.operations.values()]
 
     def shared(self) -> list[SharedLimit]:
         """The limits shared across processes (scope global): connected at start, closed at
         shutdown."""
-        limits: list[object] = [semaphore for semaphore, _, _ in self._route_limits.values()]
-        limits += [operation.semaphore for operation in self.operations.values()]
-        shared = [limit for limit in limits if getattr(limit, "scope", None) == "global"]
-        return shared  # type: ignore[return-value]
+        return [limit for limit in self.limits() if isinstance(limit, SharedLimit)]
 
     def feedbacks(self) -> list[RouteFeedback]:
         """The feedback of every limit that has one (adaptive, or Retry-After auto)."""
-        return [f for _, f, _ in self._route_limits.values() if f is not None]
+        plans = self._route_plans.values()
+        return [plan.feedback for plan in plans if plan.feedback is not None]
 
     def operation(self, limit_name: str) -> LimitedOperation:
         """The operation limit named `limit_name`; KeyError naming the configured ones if none."""
@@ -131,138 +209,79 @@ class ConcurrencyLimits:
             ) from None
 
     def _limited_route(self, index: int, config: RouteLimit) -> LimitedRoute:
-        found = self._route_limits.get(config.limit_name)
-        if found is None:
-            found = self._route_limits[config.limit_name] = self._route_limit(index, config)
-        semaphore, feedback, _ = found
+        plan = self._route_plans.get(config.limit_name)
+        if plan is None:
+            plan = self._route_plans[config.limit_name] = self._route_plan(index, config)
         base = self._attributes(config.limit_name)
         by_outcome = {o: {**base, ADMISSION_OUTCOME_ATTRIBUTE: o} for o in ADMISSION_OUTCOMES}
+        feedback = plan.feedback
         retry_after = None
         if config.retry_after_seconds == "auto" and feedback is not None:
             retry_after = feedback.retry_after
         failures = RouteFailures(
-            config, close_connection=self.settings.close_connection_on_refusal,
+            config,
+            close_connection=self.settings.close_connection_on_refusal,
             retry_after=retry_after,
         )
-        return LimitedRoute(config, semaphore, by_outcome, failures, feedback)
+        return LimitedRoute(config, plan.limit, by_outcome, failures, feedback)
 
-    def _route_limit(
-        self, index: int, config: RouteLimit
-    ) -> tuple[MeteredSemaphore, RouteFeedback | None, RouteLimit]:
-        """The semaphore of a route limit_name (kept from `previous` if it had it), its feedback
-        and the config it was made from; its size and controller change in `apply()`."""
-        name = config.limit_name
-        old = self._previous._route_limits.get(name) if self._previous else None
+    def _route_plan(self, index: int, config: RouteLimit) -> LimitPlan:
+        """The plan for a route limit_name: its limit (kept from `previous` if it had it),
+        the feedback its calls run in, and the controller moving it until now."""
+        old = self._previous._route_plans.get(config.limit_name) if self._previous else None
         if old is None:
-            semaphore = self._semaphore(config)
-            old_feedback, old_config = None, None
+            limit, old_feedback, previous = self._make_limit(config), None, None
         else:
-            semaphore, old_feedback, old_config = old
-            for field in ("queue_timeout_seconds", "max_queue", "scope"):
-                _check_unchanged(f"routes.{index}.{field}", name, old_config, config, field)
+            limit, old_feedback, previous = old.limit, old.feedback, old.config
+            _check_unchanged(f"routes.{index}", old.config, config, _FIXED_ROUTE_FIELDS)
         drain = None
         if config.retry_after_seconds == "auto":
             drain = old_feedback.drain if old_feedback and old_feedback.drain else DrainRate()
         feedback = None
         if config.adaptive is not None or drain is not None:
-            feedback = RouteFeedback(semaphore, config, drain=drain)
+            feedback = RouteFeedback(limit, config, drain=drain)
         old_limiter = old_feedback.limiter if old_feedback else None
-        keep = (
-            old_limiter is not None
-            and old_config is not None
-            and old_config.adaptive == config.adaptive
-            and old_config.max_concurrent == config.max_concurrent
-        )
+        return LimitPlan("route", limit, config, previous, feedback, old_limiter)
 
-        def resize() -> str | None:
-            before = semaphore.limit
-            if keep:
-                assert feedback is not None
-                feedback.limiter = old_limiter
-                return None
-            if old_limiter is not None:
-                old_limiter.stop()
-            if config.adaptive is not None:
-                assert feedback is not None
-                restart = old_config is None or old_config.max_concurrent != config.max_concurrent
-                start = None if restart else before
-                feedback.limiter = AdaptiveLimiter(semaphore, controller_for(config, start))
-                bounds = f"{config.adaptive.min_concurrent}..{config.adaptive.max_concurrent}"
-                what = f"adaptive ({config.adaptive.algorithm}, {bounds})"
-            else:
-                if before != config.max_concurrent:
-                    semaphore.resize(config.max_concurrent)
-                what = "static"
-            if old is None:
-                return f"route limit {name!r} added: {semaphore.limit}, {what}"
-            if before == semaphore.limit and old_config == config:
-                return None
-            return f"route limit {name!r}: {before} -> {semaphore.limit}, {what}"
-
-        self._pending.append(resize)
-        return semaphore, feedback, config
-
-    def _operation_semaphore(self, index: int, config: OperationLimit) -> MeteredSemaphore:
+    def _operation_plan(self, index: int, config: OperationLimit) -> LimitPlan:
         old = self._previous.operations.get(config.limit_name) if self._previous else None
         if old is None:
-            semaphore = self._semaphore(config)
-            self._pending.append(
-                lambda: f"operation limit {config.limit_name!r} added: {config.max_concurrent}"
-                if self._previous is not None
-                else None
-            )
-            return semaphore
-        for name in ("timeout_seconds", "scope"):
-            field = f"operations.{index}.{name}"
-            _check_unchanged(field, config.limit_name, old.config, config, name)
-        semaphore = old.semaphore
+            return LimitPlan("operation", self._make_limit(config), config)
+        _check_unchanged(f"operations.{index}", old.config, config, _FIXED_OPERATION_FIELDS)
+        return LimitPlan("operation", old.limit, config, old.config)
 
-        def resize() -> str | None:
-            before = semaphore.limit
-            if before == config.max_concurrent:
-                return None
-            semaphore.resize(config.max_concurrent)
-            return f"operation limit {config.limit_name!r}: {before} -> {config.max_concurrent}"
-
-        self._pending.append(resize)
-        return semaphore
-
-    def _semaphore(self, config: RouteLimit | OperationLimit) -> MeteredSemaphore:
-        """A process's own semaphore, or for `scope="global"` a SharedLimit (which implements
-        the same Limit protocol; typed as the semaphore everywhere it is used as one)."""
+    def _make_limit(self, config: RouteLimit | OperationLimit) -> Limit:
+        """A process's own MeteredSemaphore, or for `scope="global"` a SharedLimit."""
         if isinstance(config, RouteLimit):
             timeout, max_queue = config.queue_timeout_seconds, config.max_queue
         else:
             timeout, max_queue = config.timeout_seconds, None
         settings = self.settings
-        if config.scope == "global":
-            from gym_concurrency.shared_limit import SharedLimit  # the [redis] extra
-
-            assert settings.redis_url is not None  # checked by the settings
-            local = settings.redis_unavailable == "local"
-            shared = SharedLimit(
+        if config.scope == "process":
+            return MeteredSemaphore(
                 config.max_concurrent,
-                redis_url=settings.redis_url,
                 component=settings.component,
                 limit_name=config.limit_name,
                 server=settings.server_name,
                 timeout=timeout,
                 max_queue=max_queue,
-                lease_seconds=settings.redis_lease_seconds,
-                redis_timeout=min(1.0, settings.redis_lease_seconds / 3),
-                redis_unavailable=settings.redis_unavailable,
-                local_max_concurrent=(config.local_max_concurrent or config.max_concurrent)
-                if local
-                else None,
             )
-            return shared  # type: ignore[return-value]
-        return MeteredSemaphore(
+        assert settings.redis_url is not None  # checked by the settings
+        local = settings.redis_unavailable == "local"
+        return SharedLimit(
             config.max_concurrent,
+            redis_url=settings.redis_url,
             component=settings.component,
             limit_name=config.limit_name,
             server=settings.server_name,
             timeout=timeout,
             max_queue=max_queue,
+            lease_seconds=settings.redis_lease_seconds,
+            redis_timeout=min(1.0, settings.redis_lease_seconds / 3),
+            redis_unavailable=settings.redis_unavailable,
+            local_max_concurrent=(config.local_max_concurrent or config.max_concurrent)
+            if local
+            else None,
         )
 
     def _attributes(self, limit_name: str) -> dict[str, str]:
@@ -275,26 +294,41 @@ class ConcurrencyLimits:
         return attributes
 
 
+def _changed_fields(old: BaseModel, new: BaseModel) -> list[tuple[str, object, object]]:
+    """(field, old value, new value) for every field the two configurations set differently."""
+    before, after = old.model_dump(), new.model_dump()
+    return [(name, before[name], value) for name, value in after.items() if before[name] != value]
+
+
+def _differ(
+    old: RouteLimit | OperationLimit, new: RouteLimit | OperationLimit, fields: frozenset[str]
+) -> bool:
+    return any(field in fields for field, _, _ in _changed_fields(old, new))
+
+
 def _check_same_attributes(old: ConcurrencySettings, new: ConcurrencySettings) -> None:
-    for field in ("component", "server_name"):
-        if getattr(old, field) != getattr(new, field):
+    for field, before, after in (
+        ("component", old.component, new.component),
+        ("server_name", old.server_name, new.server_name),
+    ):
+        if before != after:
             raise ValueError(
-                f"{field}: the running limits report as {getattr(old, field)!r}; a reload "
-                f"cannot change it to {getattr(new, field)!r} (restart the server)"
+                f"{field}: the running limits report as {before!r}; a reload cannot change it "
+                f"to {after!r} (restart the server)"
             )
 
 
 def _check_unchanged(
     where: str,
-    name: str,
     old: RouteLimit | OperationLimit,
     new: RouteLimit | OperationLimit,
-    field: str,
+    fixed: tuple[str, ...],
 ) -> None:
-    if getattr(old, field) != getattr(new, field):
-        raise ValueError(
-            f"{where}: limit {name!r} is running with {field}={getattr(old, field)!r}; a "
-            "reload changes sizes, adaptive settings, failure profiles and Retry-After, not "
-            "a running limit's queue timeout or queue bound (restart the server to change "
-            "it, or give the limit a new limit_name)"
-        )
+    for field, before, _ in _changed_fields(old, new):
+        if field in fixed:
+            raise ValueError(
+                f"{where}.{field}: limit {new.limit_name!r} is running with {field}={before!r}; "
+                "a reload changes sizes, adaptive settings, failure profiles and Retry-After, "
+                "not a running limit's queue timeout or queue bound (restart the server to "
+                "change it, or give the limit a new limit_name)"
+            )

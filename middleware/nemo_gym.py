@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from gym_concurrency import LimitUnavailableError, QueueFullError
+from gym_concurrency.limits import Refusal
 
-from .failures import EPISODE_FAILURE_REASONS, OPENAI_CODES, PROBLEM_TYPES, Reason
+from .failures import EPISODE_FAILURE_REFUSALS, OPENAI_CODES, PROBLEM_TYPES
 
 if TYPE_CHECKING:
     from nemo_gym.base_environment_server import HandledEpisodeError
@@ -37,7 +38,7 @@ __all__ = [
     "REFUSAL_STATUSES",
     "EpisodeRefusedError",
     "EpisodeStage",
-    "Refusal",
+    "RefusalMet",
     "episode_failure",
     "raise_for_episode_refusal",
     "refusal_of",
@@ -53,20 +54,20 @@ RefusalKind = Literal[
     "admission_timeout", "queue_full", "limit_unavailable", "timeout", "overloaded"
 ]
 
-_KINDS: dict[Reason, RefusalKind] = {
+_KINDS: dict[Refusal, RefusalKind] = {
     "timeout": "admission_timeout",
     "shed": "queue_full",
     "unavailable": "limit_unavailable",
 }
 _PROBLEM_KINDS = {PROBLEM_TYPES[reason]: kind for reason, kind in _KINDS.items()}
 _OPENAI_KINDS = {OPENAI_CODES[reason]: kind for reason, kind in _KINDS.items()}
-_EPISODE_KINDS = {EPISODE_FAILURE_REASONS[reason]: kind for reason, kind in _KINDS.items()}
+_EPISODE_KINDS = {EPISODE_FAILURE_REFUSALS[reason]: kind for reason, kind in _KINDS.items()}
 _MAX_REASON = 2000  # EpisodeFailure.failure_reason's max_length
 _MAX_BODY_SHOWN = 200
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
+class RefusalMet:
     """A refusal met further down: what kind, and one line saying who refused and why."""
 
     kind: RefusalKind
@@ -81,21 +82,21 @@ class Refusal:
 class EpisodeRefusedError(Exception):
     """An inner environment server answered `/run` with an `episode` admission failure."""
 
-    def __init__(self, refusal: Refusal) -> None:
+    def __init__(self, refusal: RefusalMet) -> None:
         super().__init__(refusal.detail)
         self.refusal = refusal
 
 
-def refusal_of(error: BaseException) -> Refusal | None:
+def refusal_of(error: BaseException) -> RefusalMet | None:
     """The refusal `error` reports, or None if it is not one (see the module's docstring)."""
     if isinstance(error, EpisodeRefusedError):
         return error.refusal
     if isinstance(error, QueueFullError):
-        return Refusal("queue_full", str(error) or "the limit's queue is full")
+        return RefusalMet("queue_full", str(error) or "the limit's queue is full")
     if isinstance(error, LimitUnavailableError):
-        return Refusal("limit_unavailable", str(error) or "the shared limit cannot be reached")
+        return RefusalMet("limit_unavailable", str(error) or "the shared limit cannot be reached")
     if isinstance(error, TimeoutError):  # a limit's admission timeout (also aiohttp's timeouts)
-        return Refusal("timeout", str(error) or type(error).__name__)
+        return RefusalMet("timeout", str(error) or type(error).__name__)
     answered = _http_status_error(error)
     if answered is None or answered[0] not in REFUSAL_STATUSES:
         return None
@@ -111,7 +112,7 @@ def raise_for_episode_refusal(reply: Mapping[str, Any]) -> None:
     reason = failure.get("failure_reason")
     kind = _EPISODE_KINDS.get(reason) if isinstance(reason, str) else None
     if kind is not None and failure.get("terminal") is False:
-        raise EpisodeRefusedError(Refusal(kind, f"an inner environment server: {reason}"))
+        raise EpisodeRefusedError(RefusalMet(kind, f"an inner environment server: {reason}"))
 
 
 def episode_failure(error: BaseException, stage: EpisodeStage) -> HandledEpisodeError | None:
@@ -171,7 +172,7 @@ def _http_status_error(error: BaseException) -> tuple[int, bytes | None, str] | 
     return None
 
 
-def _refusal_in_response(status: int, body: bytes | None, url: str) -> Refusal:
+def _refusal_in_response(status: int, body: bytes | None, url: str) -> RefusalMet:
     """A gym-concurrency failure response by its type / code, else an overloaded hop."""
     document = _json_object(body)
     error = document.get("error")
@@ -182,9 +183,9 @@ def _refusal_in_response(status: int, body: bytes | None, url: str) -> Refusal:
         kind = _PROBLEM_KINDS.get(document.get("type"))  # type: ignore[arg-type]
         text = document.get("detail")
     if kind is not None:
-        return Refusal(kind, f"{url} answered {status}: {text}")
+        return RefusalMet(kind, f"{url} answered {status}: {text}")
     shown = (body or b"")[:_MAX_BODY_SHOWN].decode(errors="replace")
-    return Refusal("overloaded", f"{url} answered {status}, after any retries: {shown}")
+    return RefusalMet("overloaded", f"{url} answered {status}, after any retries: {shown}")
 
 
 def _json_object(body: bytes | None) -> dict[str, Any]:

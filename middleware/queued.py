@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from time import perf_counter
-from typing import Literal
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gym_concurrency.limit import Admission
+from gym_concurrency.limits import Admission, Refusal, WaitOutcome
 
 from .body import QueuedBodies, QueuedRequest, QueuedWebsocket
 from .cascade import CascadeWarning
@@ -25,7 +24,6 @@ from .queue_wait import QueueWaitRecorder
 
 __all__ = ["QueuedAdmission"]
 
-Outcome = Literal["admitted", "timeout", "shed", "unavailable", "cancelled"]
 _TRY_AGAIN_LATER = 1013  # websocket close code
 _WEBSOCKET_REASONS = {"timeout": "admission timed out", "shed": "admission queue full"}
 
@@ -36,34 +34,33 @@ class QueuedAdmission:
     A websocket holds its slot for the connection's lifetime and is refused with close code
     1013 (try again later)."""
 
-    __slots__ = ("app", "bodies", "cascade", "max_body_bytes", "recorder", "refusal_body_seconds")
+    __slots__ = ("bodies", "cascade", "max_body_bytes", "recorder", "refusal_body_seconds")
 
     def __init__(
         self,
-        app: ASGIApp,
         recorder: QueueWaitRecorder,
         *,
         max_body_bytes: int,
         bodies: QueuedBodies,
         refusal_body_seconds: float,
-        cascade: CascadeWarning | None = None,
     ) -> None:
-        self.app = app
         self.recorder = recorder
         self.max_body_bytes = max_body_bytes
         self.bodies = bodies
         self.refusal_body_seconds = refusal_body_seconds
-        self.cascade = CascadeWarning() if cascade is None else cascade
+        self.cascade = CascadeWarning()
 
     async def __call__(
         self,
+        app: ASGIApp,
         route: LimitedRoute,
         waiter: asyncio.Future[Admission],
         scope: Scope,
         receive: Receive,
         send: Send,
     ) -> None:
-        """Serve a connection queued on `route` as `waiter` (from `route.limit.enqueue()`)."""
+        """Serve a connection queued on `route` as `waiter` (from `route.limit.enqueue()`):
+        admitted, `app` runs holding the slot."""
         if scope["type"] == "http":
             queued: QueuedRequest | QueuedWebsocket = QueuedRequest(
                 receive, self.max_body_bytes, self.bodies
@@ -73,7 +70,7 @@ class QueuedAdmission:
         try:
             outcome = await self._wait(route, waiter, queued)
             if outcome == "admitted":
-                await self._run(route, scope, queued, send)
+                await self._run(app, route, scope, queued, send)
             elif outcome == "cancelled":
                 return  # the client left: nothing is sent
             elif isinstance(queued, QueuedRequest):
@@ -84,7 +81,7 @@ class QueuedAdmission:
             queued.close()
 
     async def refuse_at_once(
-        self, route: LimitedRoute, reason: Admission, receive: Receive, send: Send
+        self, route: LimitedRoute, reason: Refusal, receive: Receive, send: Send
     ) -> None:
         """Refuse an HTTP request whose wait ended as it began (a full queue, an unreachable
         shared limit): no read of the client unless the episode profile needs its body."""
@@ -102,7 +99,7 @@ class QueuedAdmission:
         route: LimitedRoute,
         waiter: asyncio.Future[Admission],
         queued: QueuedRequest | QueuedWebsocket,
-    ) -> Outcome:
+    ) -> WaitOutcome:
         """How the wait ended; a disconnect leaves the queue, as does a server cancel (raised)."""
         started = perf_counter()
         recorded: str | None = "cancelled"
@@ -127,15 +124,20 @@ class QueuedAdmission:
             self.recorder.record(histogram, wait_ms, attributes)
 
     async def _run(
-        self, route: LimitedRoute, scope: Scope, queued: QueuedRequest | QueuedWebsocket, send: Send
+        self,
+        app: ASGIApp,
+        route: LimitedRoute,
+        scope: Scope,
+        queued: QueuedRequest | QueuedWebsocket,
+        send: Send,
     ) -> None:
         try:
-            await self.app(scope, queued.receive, send)
+            await app(scope, queued.receive, send)
         finally:
             route.limit.release()
 
     async def _refuse(
-        self, route: LimitedRoute, reason: Admission, queued: QueuedRequest | None, send: Send
+        self, route: LimitedRoute, reason: Refusal, queued: QueuedRequest | None, send: Send
     ) -> None:
         if reason == "shed":
             self.cascade.shed(route)
@@ -145,12 +147,12 @@ class QueuedAdmission:
             if queued.disconnected:
                 return
         with contextlib.suppress(OSError):  # the client left while we answered; nothing held
-            await route.failures.send(send, reason, body)  # type: ignore[arg-type]
+            await route.failures.send(send, reason, body)
 
 
 async def _wait_reading(
     route: LimitedRoute, waiter: asyncio.Future[Admission], queued: QueuedRequest | QueuedWebsocket
-) -> Outcome:
+) -> WaitOutcome:
     """Wait for `waiter` while `queued` reads the client; "cancelled" (having left the queue)
     if the client disconnects first. A failed read is raised."""
     queued.watch(waiter.cancel)  # a disconnect or a failed read ends the wait

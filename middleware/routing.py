@@ -37,7 +37,6 @@ _NAMED_GROUP = re.compile(r"\(\?P<[^>]+>")
 # that (404s, templated paths, odd methods) is resolved each time and leaves nothing behind.
 # Cleared when full, a bound the keys above cannot reach in practice.
 _CACHE_SIZE = 4096
-_MISS = object()
 _HTTP_METHODS = frozenset(
     {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}
 )
@@ -104,7 +103,7 @@ class RouteTable(Generic[T]):
             if limited and self._cacheable
             else None
         )
-        self._cache: dict[tuple[str, str | None, str, str | None], object] = {}
+        self._cache: dict[tuple[str, str | None, str, str | None], T | None] = {}
 
     @classmethod
     def compile(cls, app: Any, limits: Sequence[tuple[RouteLimit, T]]) -> RouteTable[T]:
@@ -126,9 +125,8 @@ class RouteTable(Generic[T]):
         method = scope.get("method")
         key = (scope["type"], method, scope["path"], scope.get("root_path"))
         cache = self._cache
-        found = cache.get(key, _MISS)
-        if found is not _MISS:
-            return found  # type: ignore[return-value]
+        if key in cache:
+            return cache[key]
         route_path = _route_path(scope)
         found = self._resolve(scope, route_path)
         if route_path in self._static_paths and (method is None or method in self._methods):

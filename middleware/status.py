@@ -18,8 +18,8 @@ from starlette.datastructures import Headers, QueryParams
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from gym_concurrency.adaptive import limiter_of
-from gym_concurrency.observer import registered_semaphores
+from gym_concurrency.limits import Limit, registered_limits
+from gym_concurrency.limits.adaptive import limiter_of
 from gym_concurrency.operations import operation_counts
 
 __all__ = ["ConcurrencyStatusView", "status_snapshot"]
@@ -38,7 +38,7 @@ def status_snapshot() -> dict[str, Any]:
 
 def _limit_rows() -> list[dict[str, Any]]:
     rows: dict[_LimitKey, dict[str, Any]] = {}
-    for limit in registered_semaphores():
+    for limit in registered_limits():
         try:
             reading = _reading(limit)
         except Exception:  # one limit that cannot be read must not take the view down
@@ -57,30 +57,42 @@ def _limit_rows() -> list[dict[str, Any]]:
 _SUMMED = ("limit", "active", "available", "queue_depth", "timeouts", "cancelled", "shed")
 
 
-def _reading(limit: Any) -> dict[str, Any]:
+def _reading(limit: Limit) -> dict[str, Any]:
     """One limit's row, read in full before it joins the snapshot (a failing read raises)."""
+    stats = limit.statistics()
     row: dict[str, Any] = {
-        "component": str(limit.component), "limit_name": str(limit.limit_name),
+        "component": str(limit.component),
+        "limit_name": str(limit.limit_name),
         "server": limit.server,
-        "limit": limit.limit, "active": limit.active, "available": limit.available,
-        "queue_depth": limit.queue_depth, "timeouts": limit.admission_timeouts,
-        "cancelled": limit.admission_cancelled, "shed": limit.admission_shed,
-        "timeout_seconds": limit.timeout, "max_queue": limit.max_queue,
+        "limit": stats.limit,
+        "active": stats.active,
+        "available": stats.available,
+        "queue_depth": stats.queue_depth,
+        "timeouts": stats.admission_timeouts,
+        "cancelled": stats.admission_cancelled,
+        "shed": stats.admission_shed,
+        "timeout_seconds": limit.timeout,
+        "max_queue": limit.max_queue,
     }
-    if limit.scope == "global":
+    shared = stats.shared
+    if shared is not None:
         # `limit` is the global size, `active` / `queue_depth` this process's share, `global`
         # the state across every process as last seen (numbers kept in process: no Redis call).
         row["scope"] = "global"
-        row["global"] = {"active": limit.global_active, "queue_depth": limit.global_queue_depth,
-                         "connected": limit.connected}
-        row["unavailable"] = limit.admission_unavailable
+        row["global"] = {
+            "active": shared.active,
+            "queue_depth": shared.queue_depth,
+            "connected": shared.connected,
+        }
+        row["unavailable"] = stats.admission_unavailable
     limiter = limiter_of(limit)
     if limiter is not None:  # a limit that moves: its bounds, and what it reads
         controller = limiter.controller
         baseline = controller.baseline
         row["adaptive"] = {
             "algorithm": controller.algorithm,
-            "min": controller.min_limit, "max": controller.max_limit,
+            "min": controller.min_limit,
+            "max": controller.max_limit,
             "baseline_ms": None if baseline is None else round(baseline * 1000.0, 3),
         }
     return row
@@ -161,7 +173,8 @@ def _refresh_seconds(raw: str | None, default: float) -> float | str:
     except ValueError:
         value = math.nan
     if not (_MIN_REFRESH_SECONDS <= value <= _MAX_REFRESH_SECONDS):
-        return (f"refresh must be a number of seconds between {_MIN_REFRESH_SECONDS} and "
-                f"{_MAX_REFRESH_SECONDS}, got {raw!r}")
+        return (
+            f"refresh must be a number of seconds between {_MIN_REFRESH_SECONDS} and "
+            f"{_MAX_REFRESH_SECONDS}, got {raw!r}"
+        )
     return value
-

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from gym_concurrency import MeteredSemaphore
-from gym_concurrency.observer import registered_semaphores
+from gym_concurrency.limits import registered_limits
 
 
 def limits_of(component: str) -> dict[str, MeteredSemaphore]:
     """The live route and operation semaphores of `component`, by limit name."""
-    return {str(s.limit_name): s for s in registered_semaphores() if s.component == component}
+    return {str(s.limit_name): s for s in registered_limits() if s.component == component}

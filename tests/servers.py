@@ -1,7 +1,7 @@
 """A real uvicorn server on 127.0.0.1 in a background thread, for tests that need the wire.
 
-    with UvicornServer(app) as server:
-        httpx.get(server.url + "/run")
+with UvicornServer(app) as server:
+    httpx.get(server.url + "/run")
 """
 
 from __future__ import annotations

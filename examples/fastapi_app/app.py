@@ -58,10 +58,12 @@ def create_app(config: DemoConfig | None = None, telemetry: Telemetry | None = N
         # Several workers share the app's port: each serves its own metrics port instead.
         serve_on_a_free_port(registry, parse_port_range(config.metrics_ports), config.metrics_host)
     elif registry is not None:
-        app.add_api_route("/metrics", _metrics_endpoint(registry),
-                          methods=["GET"], include_in_schema=False)
-    app.add_middleware(ConcurrencyLimitMiddleware, settings=settings,
-                       meter_provider=telemetry.meter_provider)
+        app.add_api_route(
+            "/metrics", _metrics_endpoint(registry), methods=["GET"], include_in_schema=False
+        )
+    app.add_middleware(
+        ConcurrencyLimitMiddleware, settings=settings, meter_provider=telemetry.meter_provider
+    )
     return app
 
 

@@ -95,8 +95,12 @@ async def chat_completions(request: ChatRequest) -> ChatCompletion | JSONRespons
     """Echo the last user message after the configured latency; fail at the configured rate."""
     await asyncio.sleep(LATENCY_SECONDS)
     if random.random() < ERROR_RATE:
-        error = {"message": "fake model error", "type": "server_error", "param": None,
-                 "code": "fake_error"}
+        error = {
+            "message": "fake model error",
+            "type": "server_error",
+            "param": None,
+            "code": "fake_error",
+        }
         return JSONResponse({"error": error}, status_code=500)
     prompt = request.messages[-1].content
     answer = _judge(prompt) if prompt.rstrip().endswith(JUDGE_SUFFIX) else prompt

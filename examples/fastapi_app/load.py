@@ -27,8 +27,10 @@ LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 BODIES: dict[str, dict[str, Any]] = {
     "/run": {"task": {"prompt": "The answer is 42", "expected": "42"}},
-    "/v1/chat/completions": {"model": "fake-model",
-                             "messages": [{"role": "user", "content": "hello"}]},
+    "/v1/chat/completions": {
+        "model": "fake-model",
+        "messages": [{"role": "user", "content": "hello"}],
+    },
     "/verify": {"response": "42", "expected": "42"},
     "/judge": {"response": "42", "expected": "42"},
 }
@@ -49,8 +51,9 @@ def kind_of(status: int, body: Any) -> str:
     return f"{status} ok" if status < 400 else f"{status} error"
 
 
-async def flood(url: str, body: dict[str, Any], requests: int, concurrency: int,
-                deadline: float) -> dict[str, Any]:
+async def flood(
+    url: str, body: dict[str, Any], requests: int, concurrency: int, deadline: float
+) -> dict[str, Any]:
     """Send `requests` POSTs, `concurrency` at a time, stopping at `deadline` seconds."""
     kinds: Counter[str] = Counter()
     samples: dict[str, Any] = {}
@@ -65,8 +68,11 @@ async def flood(url: str, body: dict[str, Any], requests: int, concurrency: int,
                 response = await client.post(url, json=payload)
                 parsed: Any = response.json()
                 kind = kind_of(response.status_code, parsed)
-                sample = {"status": response.status_code, "headers": _headers(response),
-                          "body": parsed}
+                sample = {
+                    "status": response.status_code,
+                    "headers": _headers(response),
+                    "body": parsed,
+                }
             except (httpx.HTTPError, ValueError) as exc:
                 kind, sample = f"client error: {type(exc).__name__}", {"error": str(exc)}
             kinds[kind] += 1
@@ -78,17 +84,25 @@ async def flood(url: str, body: dict[str, Any], requests: int, concurrency: int,
                 await asyncio.gather(*(one(client, i) for i in range(requests)))
         except TimeoutError:
             kinds["not sent or unanswered by the deadline"] += requests - sum(kinds.values())
-    return {"url": url, "requests": requests, "concurrency": concurrency,
-            "seconds": round(time.monotonic() - started, 2), "counts": dict(kinds),
-            "samples": samples}
+    return {
+        "url": url,
+        "requests": requests,
+        "concurrency": concurrency,
+        "seconds": round(time.monotonic() - started, 2),
+        "counts": dict(kinds),
+        "samples": samples,
+    }
 
 
 def _numbered(body: dict[str, Any], index: int) -> dict[str, Any]:
     """An episode body gets its own episode_id and task_id, so failure rows can be told apart."""
     if "task" not in body:
         return body
-    return {**body, "episode_id": f"episode-{index}",
-            "task": {**body["task"], "task_id": f"task-{index}"}}
+    return {
+        **body,
+        "episode_id": f"episode-{index}",
+        "task": {**body["task"], "task_id": f"task-{index}"},
+    }
 
 
 def _headers(response: httpx.Response) -> dict[str, str]:
@@ -121,14 +135,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     url = args.base_url.rstrip("/") + args.path
-    summary = asyncio.run(flood(url, BODIES[args.path], args.requests, args.concurrency,
-                                args.deadline))
+    summary = asyncio.run(
+        flood(url, BODIES[args.path], args.requests, args.concurrency, args.deadline)
+    )
     if args.json:
         json.dump(summary, sys.stdout, indent=2)
         print()
         return
-    print(f"{summary['requests']} requests to {url}, {summary['concurrency']} at a time, "
-          f"{summary['seconds']} s")
+    print(
+        f"{summary['requests']} requests to {url}, {summary['concurrency']} at a time, "
+        f"{summary['seconds']} s"
+    )
     for kind, count in sorted(summary["counts"].items(), key=lambda item: -item[1]):
         print(f"  {count:5d}  {kind}")
     for kind, sample in summary["samples"].items():

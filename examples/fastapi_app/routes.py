@@ -49,12 +49,14 @@ JudgeDep = Annotated[OperationHandle, Depends(operation_limit("judge"))]
 
 
 def _no_slot(limit_name: str) -> HTTPException:
-    return HTTPException(503, f"{limit_name} limit: no slot within its timeout",
-                         headers={"Retry-After": "1"})
+    return HTTPException(
+        503, f"{limit_name} limit: no slot within its timeout", headers={"Retry-After": "1"}
+    )
 
 
-async def verify_under_limit(verifier: OperationHandle, payload: dict[str, object],
-                             config: DemoConfig) -> VerifyResult:
+async def verify_under_limit(
+    verifier: OperationHandle, payload: dict[str, object], config: DemoConfig
+) -> VerifyResult:
     """Run the verifier inside the `verifier` operation limit; 503 if no slot came in time."""
     try:
         async with verifier as op:
@@ -64,31 +66,39 @@ async def verify_under_limit(verifier: OperationHandle, payload: dict[str, objec
 
 
 @router.post("/run")
-async def run_episode(request: EpisodeRequest, client: UpstreamDep, verifier: VerifierDep,
-                      config: ConfigDep) -> EpisodeResponse:
+async def run_episode(
+    request: EpisodeRequest, client: UpstreamDep, verifier: VerifierDep, config: ConfigDep
+) -> EpisodeResponse:
     """One episode: ask the model, then verify its answer. A failure is a non-terminal row."""
     task = request.task
 
     def failed(reason: str, stage: str) -> EpisodeResponse:
         failure = EpisodeFailure(failure_reason=reason, terminal=False, stage=stage)
-        return EpisodeResponse(episode_id=request.episode_id, task_id=task.task_id,
-                               result=None, failure=failure)
+        return EpisodeResponse(
+            episode_id=request.episode_id, task_id=task.task_id, result=None, failure=failure
+        )
 
     try:
         answer = await complete(client, config.upstream_model, task.prompt)
     except UpstreamError as exc:
         return failed(str(exc), "model")
-    payload = {"response": answer, "expected": task.expected,
-               "work_seconds": request.verifier_work_seconds}
+    payload = {
+        "response": answer,
+        "expected": task.expected,
+        "work_seconds": request.verifier_work_seconds,
+    }
     try:
         verdict = await verify_under_limit(verifier, payload, config)
     except HTTPException as exc:
         return failed(str(exc.detail), "verify")
     if verdict.outcome != "ok":
         return failed(verdict.detail or f"verifier {verdict.outcome}", "verify")
-    return EpisodeResponse(episode_id=request.episode_id, task_id=task.task_id,
-                           result=EpisodeResult(reward=verdict.reward, response=answer),
-                           failure=None)
+    return EpisodeResponse(
+        episode_id=request.episode_id,
+        task_id=task.task_id,
+        result=EpisodeResult(reward=verdict.reward, response=answer),
+        failure=None,
+    )
 
 
 @router.post("/v1/chat/completions")
@@ -97,23 +107,30 @@ async def chat_completions(request: Request, client: UpstreamDep) -> Response:
     try:
         upstream = await forward(client, await request.body())
     except UpstreamError as exc:
-        error = {"message": str(exc), "type": "upstream_error", "param": None,
-                 "code": "upstream_unavailable"}
+        error = {
+            "message": str(exc),
+            "type": "upstream_error",
+            "param": None,
+            "code": "upstream_unavailable",
+        }
         return JSONResponse({"error": error}, exc.status_code)
-    return Response(upstream.content, upstream.status_code,
-                    media_type=upstream.headers.get("content-type", "application/json"))
+    return Response(
+        upstream.content,
+        upstream.status_code,
+        media_type=upstream.headers.get("content-type", "application/json"),
+    )
 
 
 @router.post("/verify")
-async def verify(request: VerifyRequest, verifier: VerifierDep,
-                 config: ConfigDep) -> VerifyResult:
+async def verify(request: VerifyRequest, verifier: VerifierDep, config: ConfigDep) -> VerifyResult:
     """Run the verifier process on a response; outcome timeout when it ran too long."""
     return await verify_under_limit(verifier, request.model_dump(), config)
 
 
 @router.post("/judge")
-async def judge(request: JudgeRequest, judge_limit: JudgeDep, client: UpstreamDep,
-                config: ConfigDep) -> JudgeResponse:
+async def judge(
+    request: JudgeRequest, judge_limit: JudgeDep, client: UpstreamDep, config: ConfigDep
+) -> JudgeResponse:
     """Ask the upstream model, as a judge, whether the response has the expected answer."""
     prompt = f"Expected: {request.expected}\nResponse: {request.response}\n{JUDGE_SUFFIX}"
     try:

@@ -55,15 +55,18 @@ def exporter_names(variable: str, allowed: frozenset[str], default: str) -> list
     names = [name.strip().lower() for name in raw.split(",") if name.strip()]
     unknown = sorted(set(names) - allowed)
     if unknown:
-        raise ValueError(f"{variable}: unknown exporter {', '.join(unknown)}; "
-                         f"expected a comma list of {', '.join(sorted(allowed))}")
+        raise ValueError(
+            f"{variable}: unknown exporter {', '.join(unknown)}; "
+            f"expected a comma list of {', '.join(sorted(allowed))}"
+        )
     return [name for name in names if name != "none"]
 
 
 def build_resource() -> Resource:
     """service.name (default demo name) and a service.instance.id unique to this process."""
-    attributes: dict[str, str] = {SERVICE_INSTANCE_ID: f"{socket.gethostname()}-{os.getpid()}-"
-                                  f"{uuid.uuid4().hex[:8]}"}
+    attributes: dict[str, str] = {
+        SERVICE_INSTANCE_ID: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    }
     if not os.environ.get("OTEL_SERVICE_NAME"):
         attributes["service.name"] = DEFAULT_SERVICE_NAME
     # Resource.create merges OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME over these.
@@ -116,8 +119,9 @@ def configure_telemetry(*, set_global: bool = True) -> Telemetry:
     resource = build_resource()
     readers, registry = _metric_readers(metric_names)
     # Shut down by the app's lifespan, which flushes the last OTLP points, not at exit.
-    meter_provider = MeterProvider(resource=resource, metric_readers=readers,
-                                   shutdown_on_exit=False)
+    meter_provider = MeterProvider(
+        resource=resource, metric_readers=readers, shutdown_on_exit=False
+    )
     tracer_provider = _tracer_provider(trace_names, resource)
     if set_global:
         metrics.set_meter_provider(meter_provider)

@@ -25,8 +25,12 @@ def make_client(config: DemoConfig) -> httpx.AsyncClient:
     timeout = httpx.Timeout(config.upstream_timeout_seconds, connect=5.0)
     # The pool is larger than any demo limit so that limits, not the pool, decide who waits.
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-    return httpx.AsyncClient(base_url=config.upstream_base_url.rstrip("/") + "/",
-                             headers=headers, timeout=timeout, limits=limits)
+    return httpx.AsyncClient(
+        base_url=config.upstream_base_url.rstrip("/") + "/",
+        headers=headers,
+        timeout=timeout,
+        limits=limits,
+    )
 
 
 async def forward(client: httpx.AsyncClient, body: bytes) -> httpx.Response:
@@ -50,7 +54,8 @@ async def _post(client: httpx.AsyncClient, **request: Any) -> httpx.Response:
     try:
         return await client.post("chat/completions", **request)
     except httpx.TimeoutException as exc:
-        raise UpstreamError(f"upstream model timed out ({type(exc).__name__})",
-                            status_code=504) from exc
+        raise UpstreamError(
+            f"upstream model timed out ({type(exc).__name__})", status_code=504
+        ) from exc
     except httpx.HTTPError as exc:
         raise UpstreamError(f"upstream model unreachable ({type(exc).__name__}: {exc})") from exc

@@ -32,8 +32,10 @@ async def run_verifier(
     """Run one verifier process on `payload`; kill it when `timeout_seconds` pass (outcome
     timeout) or the caller is cancelled; a process that fails is `crashed`."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, str(VERIFIER_SCRIPT),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        sys.executable,
+        str(VERIFIER_SCRIPT),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     try:
@@ -41,8 +43,12 @@ async def run_verifier(
             stdout, stderr = await process.communicate(json.dumps(payload).encode())
     except TimeoutError:
         op.outcome = "timeout"
-        return VerifyResult(outcome="timeout", reward=0.0, matched=False,
-                            detail=f"verifier did not finish within {timeout_seconds:g} s")
+        return VerifyResult(
+            outcome="timeout",
+            reward=0.0,
+            matched=False,
+            detail=f"verifier did not finish within {timeout_seconds:g} s",
+        )
     finally:
         # Timed out, cancelled (client gone, server stopping) or done: never leave it running.
         if process.returncode is None:
@@ -55,11 +61,16 @@ def _parse(op: ResourcesOperation, returncode: int, stdout: bytes, stderr: bytes
     if returncode == 0:
         try:
             answer = json.loads(stdout)
-            return VerifyResult(outcome="ok", reward=float(answer["reward"]),
-                                matched=bool(answer["matched"]))
+            return VerifyResult(
+                outcome="ok", reward=float(answer["reward"]), matched=bool(answer["matched"])
+            )
         except (ValueError, KeyError, TypeError):
             pass
     op.outcome = "crashed"
     last_line = stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-    return VerifyResult(outcome="crashed", reward=0.0, matched=False,
-                        detail=f"verifier exited with {returncode}: {last_line[0]}"[:500])
+    return VerifyResult(
+        outcome="crashed",
+        reward=0.0,
+        matched=False,
+        detail=f"verifier exited with {returncode}: {last_line[0]}"[:500],
+    )

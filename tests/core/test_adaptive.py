@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gym_concurrency import MeteredSemaphore
-from gym_concurrency.adaptive import (
+from gym_concurrency.limits.adaptive import (
     AdaptiveController,
     AdaptiveLimiter,
     AimdController,

@@ -26,7 +26,7 @@ from gym_concurrency import (
     QueueFullError,
     observe_concurrency,
 )
-from gym_concurrency.observer import registered_semaphores
+from gym_concurrency.limits import registered_limits
 from tests.metrics_capture import MetricsCapture
 
 
@@ -80,7 +80,7 @@ def test_unnamed_semaphores_report_no_series(metrics: MetricsCapture) -> None:
         for point in points:
             assert point.attributes.get(COMPONENT_ATTRIBUTE) != "obs_unnamed"
             assert point.attributes.get(LIMIT_NAME_ATTRIBUTE) != "obs_unnamed_limit"
-    assert not any(s in registered_semaphores() for s in kept)
+    assert not any(s in registered_limits() for s in kept)
 
 
 async def test_same_attributes_are_summed_into_one_point(metrics: MetricsCapture) -> None:

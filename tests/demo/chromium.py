@@ -17,9 +17,17 @@ from typing import Any
 
 from demo_processes import require_binary
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run",
-         "--remote-debugging-pipe", "--window-size=900,700"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--remote-debugging-pipe",
+    "--window-size=900,700",
+]
 
 
 def _above_nine(fd: int) -> int:
@@ -38,17 +46,33 @@ class Chromium:
         to_browser_read, self._to_browser = os.pipe()
         self._from_browser, from_browser_write = os.pipe()
         # Above 9, so that moving them to 3 and 4 cannot overwrite one with the other.
-        to_browser_read, from_browser_write = _above_nine(to_browser_read), _above_nine(
-            from_browser_write)
+        to_browser_read, from_browser_write = (
+            _above_nine(to_browser_read),
+            _above_nine(from_browser_write),
+        )
         # Chromium reads commands on fd 3 and writes answers on fd 4.
-        redirect = (f'exec "$@" 3<&{to_browser_read} 4>&{from_browser_write} '
-                    f'{to_browser_read}<&- {from_browser_write}>&-')
-        argv = ["bash", "-c", redirect, "chromium", binary, *FLAGS,
-                f"--user-data-dir={self._profile.name}", "about:blank"]
+        redirect = (
+            f'exec "$@" 3<&{to_browser_read} 4>&{from_browser_write} '
+            f"{to_browser_read}<&- {from_browser_write}>&-"
+        )
+        argv = [
+            "bash",
+            "-c",
+            redirect,
+            "chromium",
+            binary,
+            *FLAGS,
+            f"--user-data-dir={self._profile.name}",
+            "about:blank",
+        ]
         with (log_dir / "chromium.log").open("wb") as log:
-            self._process = subprocess.Popen(argv, pass_fds=(to_browser_read, from_browser_write),
-                                             stdout=log, stderr=subprocess.STDOUT,
-                                             start_new_session=True)
+            self._process = subprocess.Popen(
+                argv,
+                pass_fds=(to_browser_read, from_browser_write),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         os.close(to_browser_read)
         os.close(from_browser_write)
         self._buffer = b""
@@ -62,8 +86,12 @@ class Chromium:
         self._call("Page.enable")
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         try:
             self._session = None
             self._call("Browser.close", timeout=5)
@@ -86,8 +114,7 @@ class Chromium:
 
     def evaluate(self, expression: str) -> Any:
         """The JSON value of a JavaScript expression evaluated in the page."""
-        result = self._call("Runtime.evaluate", {"expression": expression,
-                                                 "returnByValue": True})
+        result = self._call("Runtime.evaluate", {"expression": expression, "returnByValue": True})
         assert "exceptionDetails" not in result, result["exceptionDetails"]
         return result["result"].get("value")
 
@@ -97,8 +124,9 @@ class Chromium:
         path.write_bytes(data)
         return data
 
-    def _call(self, method: str, params: dict[str, Any] | None = None,
-              timeout: float = 20.0) -> dict[str, Any]:
+    def _call(
+        self, method: str, params: dict[str, Any] | None = None, timeout: float = 20.0
+    ) -> dict[str, Any]:
         self._next_id += 1
         message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
         if self._session is not None:

@@ -25,9 +25,19 @@ def compose() -> dict[str, Any]:
 
 
 def check_compose_schema(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
-                           "vendor.compose-spec", str(path)], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.compose-spec",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_the_compose_file_follows_the_compose_spec():
@@ -46,8 +56,7 @@ def test_the_compose_check_catches_a_broken_file(tmp_path: Path):
 def test_the_stack_has_every_service_an_operator_needs():
     services = compose()["services"]
     assert set(services) == {"demo", "fake-model", "otel-collector", "prometheus", "grafana"}
-    assert services["otel-collector"]["image"].startswith(
-        "otel/opentelemetry-collector-contrib:")
+    assert services["otel-collector"]["image"].startswith("otel/opentelemetry-collector-contrib:")
     for name, service in services.items():
         image = service["image"]
         assert ":" in image, f"{name}: pin the image tag"
@@ -76,8 +85,14 @@ def test_the_app_each_container_runs_imports(service: str):
         command = yaml.safe_load(cmd_line.removeprefix("CMD "))
     module, attribute = command[1].split(":")
     code = f"import importlib; assert importlib.import_module({module!r}).{attribute}"
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                            text=True, timeout=60, env=clean_env(OTEL_METRICS_EXPORTER="none"))
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(OTEL_METRICS_EXPORTER="none"),
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -93,8 +108,9 @@ def test_the_demo_sends_otlp_to_the_collector_and_prometheus_scrapes_it():
     assert endpoint.port == _port(collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"])
     assert "otlp" in services["demo"]["environment"]["OTEL_METRICS_EXPORTER"].split(",")
     scrape = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
-    targets = [t for job in scrape["scrape_configs"] for c in job["static_configs"]
-               for t in c["targets"]]
+    targets = [
+        t for job in scrape["scrape_configs"] for c in job["static_configs"] for t in c["targets"]
+    ]
     assert targets == [f"otel-collector:{_port(collector['exporters']['prometheus']['endpoint'])}"]
     for pipeline in collector["service"]["pipelines"].values():
         for kind in ("receivers", "processors", "exporters"):
@@ -125,34 +141,57 @@ def test_grafana_is_provisioned_with_prometheus_and_the_dashboard():
 
 def test_promtool_accepts_the_prometheus_config():
     promtool = require_binary("promtool")
-    result = subprocess.run([promtool, "check", "config",
-                             str(DEPLOY / "prometheus" / "prometheus.yml")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [promtool, "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_every_dashboard_query_is_valid_promql(tmp_path: Path):
     promtool = require_binary("promtool")
-    rules = {"groups": [{"name": "dashboard", "rules": [
-        {"record": f"dashboard:query{index}", "expr": expr.replace('"$limit"', '".*"')}
-        for index, expr in enumerate(expressions())]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {"record": f"dashboard:query{index}", "expr": expr.replace('"$limit"', '".*"')}
+                    for index, expr in enumerate(expressions())
+                ],
+            }
+        ]
+    }
     path = tmp_path / "rules.yml"
     path.write_text(yaml.safe_dump(rules))
-    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_the_dashboard_shows_limits_failures_and_distributions():
     names = dashboard_metric_names()
-    assert {"gym_concurrency_limit", "gym_concurrency_active",
-            "gym_concurrency_queue_depth"} <= names
-    assert {"gym_concurrency_admission_timeouts_total",
-            "gym_concurrency_admission_cancelled_total",
-            "gym_concurrency_admission_shed_total"} <= names
-    assert {"gym_concurrency_queue_wait_duration_ms_milliseconds_bucket",
-            "gym_resources_operation_queue_duration_ms_milliseconds_bucket",
-            "gym_resources_operation_duration_ms_milliseconds_bucket"} <= names
-    by_outcome = [e for e in expressions() if "gym_resources_operation_duration_ms" in e
-                  and "nemo_gym_resources_operation_outcome" in e]
+    assert {
+        "gym_concurrency_limit",
+        "gym_concurrency_active",
+        "gym_concurrency_queue_depth",
+    } <= names
+    assert {
+        "gym_concurrency_admission_timeouts_total",
+        "gym_concurrency_admission_cancelled_total",
+        "gym_concurrency_admission_shed_total",
+    } <= names
+    assert {
+        "gym_concurrency_queue_wait_duration_ms_milliseconds_bucket",
+        "gym_resources_operation_queue_duration_ms_milliseconds_bucket",
+        "gym_resources_operation_duration_ms_milliseconds_bucket",
+    } <= names
+    by_outcome = [
+        e
+        for e in expressions()
+        if "gym_resources_operation_duration_ms" in e
+        and "nemo_gym_resources_operation_outcome" in e
+    ]
     assert by_outcome, "operation durations must be broken down by outcome"

@@ -176,11 +176,13 @@ def test_a_failing_model_is_a_failure_row_a_passed_through_500_and_a_judge_502(t
     with fake_model(tmp_path, error_rate=1.0) as upstream, demo(tmp_path, upstream) as (url, _):
         episode = httpx.post(f"{url}/run", json=EPISODE, timeout=10).json()
         proxied = httpx.post(f"{url}/v1/chat/completions", json=request, timeout=10)
-        judged = httpx.post(f"{url}/judge", json={"response": "42", "expected": "42"},
-                            timeout=10)
+        judged = httpx.post(f"{url}/judge", json={"response": "42", "expected": "42"}, timeout=10)
         snapshot = httpx.get(f"{url}/concurrency", timeout=5).json()
-    assert episode["failure"] == {"failure_reason": "upstream model answered 500",
-                                  "terminal": False, "stage": "model"}
+    assert episode["failure"] == {
+        "failure_reason": "upstream model answered 500",
+        "terminal": False,
+        "stage": "model",
+    }
     assert proxied.status_code == 500
     assert proxied.json()["error"]["code"] == "fake_error"
     assert judged.status_code == 502

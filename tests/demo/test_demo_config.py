@@ -24,8 +24,7 @@ def test_the_settings_file_holds_every_limit_of_the_demo():
 
 
 def test_the_environment_overrides_the_file(monkeypatch: pytest.MonkeyPatch):
-    routes = [{"path": "/run", "limit_name": "episodes", "max_concurrent": 1,
-               "failure": "episode"}]
+    routes = [{"path": "/run", "limit_name": "episodes", "max_concurrent": 1, "failure": "episode"}]
     monkeypatch.setenv("GYM_CONCURRENCY_ROUTES", json.dumps(routes))
     monkeypatch.setenv("GYM_CONCURRENCY_SERVER_NAME", "replica-7")
     settings = load_concurrency_settings(DEFAULT_SETTINGS_FILE)
@@ -49,11 +48,13 @@ def test_a_missing_settings_file_is_named(tmp_path: Path):
 
 def test_metrics_exporters_come_from_otel_metrics_exporter(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("OTEL_METRICS_EXPORTER", raising=False)
-    assert exporter_names("OTEL_METRICS_EXPORTER", frozenset({"prometheus", "otlp", "none"}),
-                          "prometheus") == ["prometheus"]
+    assert exporter_names(
+        "OTEL_METRICS_EXPORTER", frozenset({"prometheus", "otlp", "none"}), "prometheus"
+    ) == ["prometheus"]
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", " prometheus, OTLP ,none")
-    assert exporter_names("OTEL_METRICS_EXPORTER", frozenset({"prometheus", "otlp", "none"}),
-                          "prometheus") == ["prometheus", "otlp"]
+    assert exporter_names(
+        "OTEL_METRICS_EXPORTER", frozenset({"prometheus", "otlp", "none"}), "prometheus"
+    ) == ["prometheus", "otlp"]
 
 
 def test_an_unknown_exporter_is_refused_by_name(monkeypatch: pytest.MonkeyPatch):

@@ -15,8 +15,10 @@ import httpx
 import pytest
 from demo_processes import REPO, clean_env, free_port, wait_for
 
-EPISODE = {"episode_id": "e1", "task": {"task_id": "t1", "prompt": "The answer is 42",
-                                        "expected": "42"}}
+EPISODE = {
+    "episode_id": "e1",
+    "task": {"task_id": "t1", "prompt": "The answer is 42", "expected": "42"},
+}
 
 
 def venv_refusing_pip(root: Path) -> Path:
@@ -44,15 +46,28 @@ def refused(url: str) -> bool:
 def test_the_demo_script_serves_an_episode_and_cleans_up(tmp_path: Path, stop_signal: int):
     demo_port, model_port = free_port(), free_port()
     venv = venv_refusing_pip(tmp_path / "venv")
-    env = clean_env(PYTHON=sys.executable, VENV=str(venv), DEMO_SKIP_INSTALL="1",
-                    DEMO_PORT=str(demo_port), FAKE_MODEL_PORT=str(model_port))
+    env = clean_env(
+        PYTHON=sys.executable,
+        VENV=str(venv),
+        DEMO_SKIP_INSTALL="1",
+        DEMO_PORT=str(demo_port),
+        FAKE_MODEL_PORT=str(model_port),
+    )
     log = (tmp_path / "demo-script.log").open("wb")
-    script = subprocess.Popen([str(REPO / "scripts" / "demo")], cwd=tmp_path, env=env,
-                              stdout=log, stderr=subprocess.STDOUT)
+    script = subprocess.Popen(
+        [str(REPO / "scripts" / "demo")],
+        cwd=tmp_path,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     demo, model = f"http://127.0.0.1:{demo_port}", f"http://127.0.0.1:{model_port}"
     try:
-        wait_for(lambda: script.poll() is not None or not refused(f"{demo}/concurrency"), 60,
-                 "the demo to start")
+        wait_for(
+            lambda: script.poll() is not None or not refused(f"{demo}/concurrency"),
+            60,
+            "the demo to start",
+        )
         assert script.poll() is None, (tmp_path / "demo-script.log").read_text()
         response = httpx.post(f"{demo}/run", json=EPISODE, timeout=10)
         assert response.json()["result"]["reward"] == 1.0

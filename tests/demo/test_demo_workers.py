@@ -58,8 +58,10 @@ def test_each_worker_serves_its_own_metrics_port(tmp_path: Path):
         }
         assert len(instances) == 2  # two processes, told apart
         for families in scrapes.values():
-            limits = {labels["nemo_gym_concurrency_limit_name"]: value
-                      for labels, value in families["gym_concurrency_limit"]}
+            limits = {
+                labels["nemo_gym_concurrency_limit_name"]: value
+                for labels, value in families["gym_concurrency_limit"]
+            }
             assert limits["episodes"] == 8.0  # this worker's own limit, not a sum or a mix
         # The shared app port serves no /metrics: nothing scrapes a worker at random.
         assert httpx.get(server.url + "/metrics", timeout=5).status_code == 404

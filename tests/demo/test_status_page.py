@@ -34,8 +34,7 @@ class Limits:
     """Semaphores the test fills and empties through HTTP, on the server's own event loop."""
 
     def __init__(self) -> None:
-        self.episodes = MeteredSemaphore(3, component=COMPONENT, limit_name="episodes",
-                                         timeout=60)
+        self.episodes = MeteredSemaphore(3, component=COMPONENT, limit_name="episodes", timeout=60)
         self.hostile = MeteredSemaphore(1, component=COMPONENT, limit_name="<b>bold</b>")
         self.held = 0
         self.waiters: list[asyncio.Task[Any]] = []
@@ -62,11 +61,13 @@ class Limits:
 @pytest.fixture
 def server() -> Iterator[str]:
     limits = Limits()
-    app = Starlette(routes=[
-        Route("/concurrency", ConcurrencyStatusView(title="Demo limits")),
-        Route("/fill", limits.fill, methods=["POST"]),
-        Route("/empty", limits.empty, methods=["POST"]),
-    ])
+    app = Starlette(
+        routes=[
+            Route("/concurrency", ConcurrencyStatusView(title="Demo limits")),
+            Route("/fill", limits.fill, methods=["POST"]),
+            Route("/empty", limits.empty, methods=["POST"]),
+        ]
+    )
     with UvicornServer(app) as running:
         yield running.url
 
@@ -77,8 +78,7 @@ def png_size(data: bytes) -> tuple[int, int]:
     return width, height
 
 
-def test_the_page_shows_a_full_limit_and_refreshes_when_it_empties(server: str,
-                                                                   tmp_path: Path):
+def test_the_page_shows_a_full_limit_and_refreshes_when_it_empties(server: str, tmp_path: Path):
     httpx.post(f"{server}/fill", timeout=5)
     with Chromium(tmp_path) as browser:
         browser.navigate(f"{server}/concurrency?refresh=0.3")
@@ -92,7 +92,8 @@ def test_the_page_shows_a_full_limit_and_refreshes_when_it_empties(server: str,
         assert shown["<b>bold</b>"]["state"] == "idle"
         assert browser.evaluate("document.querySelectorAll('#limits b').length") == 0
         bar = browser.evaluate(
-            "document.querySelector('.limit[data-state=full] .fill').style.width")
+            "document.querySelector('.limit[data-state=full] .fill').style.width"
+        )
         assert bar == "100%"
         width, height = png_size(browser.screenshot(tmp_path / "full.png"))
         assert width == 900

@@ -22,8 +22,7 @@ def client_for(view: ConcurrencyStatusView) -> httpx.AsyncClient:
 
 
 def rows(snapshot: dict[str, Any], component: str) -> dict[str, dict[str, Any]]:
-    return {row["limit_name"]: row for row in snapshot["limits"]
-            if row["component"] == component}
+    return {row["limit_name"]: row for row in snapshot["limits"] if row["component"] == component}
 
 
 @pytest.fixture
@@ -33,8 +32,9 @@ def component() -> str:
 
 
 async def test_the_snapshot_shows_each_limit_full_with_its_queue_and_failures(component: str):
-    episodes = MeteredSemaphore(2, component=component, limit_name="episodes", timeout=0.01,
-                                max_queue=1)
+    episodes = MeteredSemaphore(
+        2, component=component, limit_name="episodes", timeout=0.01, max_queue=1
+    )
     await episodes.acquire()
     await episodes.acquire()
     with pytest.raises(TimeoutError):
@@ -47,10 +47,22 @@ async def test_the_snapshot_shows_each_limit_full_with_its_queue_and_failures(co
         response = await client.get("/concurrency")
     waiter.cancel()
     assert response.headers["cache-control"] == "no-store"
-    assert rows(response.json(), component) == {"episodes": {
-        "component": component, "limit_name": "episodes", "server": None, "limit": 2,
-        "active": 2, "available": 0, "queue_depth": 1, "timeouts": 1, "cancelled": 0,
-        "shed": 1, "timeout_seconds": 0.01, "max_queue": 1}}
+    assert rows(response.json(), component) == {
+        "episodes": {
+            "component": component,
+            "limit_name": "episodes",
+            "server": None,
+            "limit": 2,
+            "active": 2,
+            "available": 0,
+            "queue_depth": 1,
+            "timeouts": 1,
+            "cancelled": 0,
+            "shed": 1,
+            "timeout_seconds": 0.01,
+            "max_queue": 1,
+        }
+    }
 
 
 async def test_semaphores_with_the_same_names_are_one_limit(component: str):
@@ -84,8 +96,9 @@ async def test_operations_show_how_many_wait_and_run(metrics: Any, component: st
         snapshot = (await client.get("/concurrency")).json()
     release.set()
     await asyncio.gather(*tasks)
-    assert {"operation": "tool", "executor": "thread", "queued": 2, "active": 1} in \
-        snapshot["operations"]
+    assert {"operation": "tool", "executor": "thread", "queued": 2, "active": 1} in snapshot[
+        "operations"
+    ]
 
 
 async def test_a_browser_gets_the_page_and_everyone_else_json():
@@ -111,14 +124,18 @@ async def test_no_limit_name_can_end_the_embedded_snapshot_early(component: str)
     assert hostile.limit == 1
 
 
-@pytest.mark.parametrize(("request_line", "status", "message"), [
-    ("POST /concurrency", 405, "Method Not Allowed"),
-    ("GET /concurrency?format=xml", 400, "format must be json or html, got 'xml'"),
-    ("GET /concurrency?format=html&refresh=0", 400, "refresh must be a number of seconds"),
-    ("GET /concurrency?format=html&refresh=soon", 400, "got 'soon'"),
-])
-async def test_bad_requests_are_refused_naming_what_was_wrong(request_line: str, status: int,
-                                                              message: str):
+@pytest.mark.parametrize(
+    ("request_line", "status", "message"),
+    [
+        ("POST /concurrency", 405, "Method Not Allowed"),
+        ("GET /concurrency?format=xml", 400, "format must be json or html, got 'xml'"),
+        ("GET /concurrency?format=html&refresh=0", 400, "refresh must be a number of seconds"),
+        ("GET /concurrency?format=html&refresh=soon", 400, "got 'soon'"),
+    ],
+)
+async def test_bad_requests_are_refused_naming_what_was_wrong(
+    request_line: str, status: int, message: str
+):
     method, target = request_line.split(" ")
     async with client_for(ConcurrencyStatusView()) as client:
         response = await client.request(method, target)

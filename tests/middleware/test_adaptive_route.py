@@ -132,9 +132,7 @@ async def test_latency_rising_with_concurrency_holds_the_limit_near_the_knee(com
 async def test_the_moving_limit_shows_in_gym_concurrency_limit(
     component: str, metrics: MetricsCapture
 ):
-    app, upstream = adaptive_app(
-        component, metrics.provider, max_concurrent=16, adaptive=ADAPTIVE
-    )
+    app, upstream = adaptive_app(component, metrics.provider, max_concurrent=16, adaptive=ADAPTIVE)
     upstream.latency = 0.002
 
     def reported() -> int:

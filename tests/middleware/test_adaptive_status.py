@@ -75,12 +75,15 @@ def test_the_dashboard_draws_each_limit_over_time_against_active_and_queued():
     assert moving["repeat"] == "limit"  # one panel per limit
     assert moving["gridPos"]["y"] == 0  # the dashboard's first row
     metrics = [t["expr"].split("(")[2].split("{")[0].strip() for t in moving["targets"]]
-    assert metrics == ["gym_concurrency_limit", "gym_concurrency_active",
-                       "gym_concurrency_queue_depth"]
-    assert all('nemo_gym_concurrency_limit_name=~"$limit"' in t["expr"]
-               for t in moving["targets"])
-    limit_style = next(o for o in moving["fieldConfig"]["overrides"]
-                       if o["matcher"]["options"] == "limit")
+    assert metrics == [
+        "gym_concurrency_limit",
+        "gym_concurrency_active",
+        "gym_concurrency_queue_depth",
+    ]
+    assert all('nemo_gym_concurrency_limit_name=~"$limit"' in t["expr"] for t in moving["targets"])
+    limit_style = next(
+        o for o in moving["fieldConfig"]["overrides"] if o["matcher"]["options"] == "limit"
+    )
     assert {"id": "custom.lineInterpolation", "value": "stepAfter"} in limit_style["properties"]
     ids = [p["id"] for p in panels]
     assert len(ids) == len(set(ids))

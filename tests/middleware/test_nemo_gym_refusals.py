@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencySettings, RouteLimit
 from gym_concurrency.middleware.nemo_gym import (
     EpisodeRefusedError,
-    Refusal,
+    RefusalMet,
     raise_for_episode_refusal,
     refusal_of,
     refusals_as_episode_failures,
@@ -44,7 +44,7 @@ def limited_app(component: str, failure: str, **limit: Any) -> FastAPI:
     return app
 
 
-async def refused(component: str, failure: str, body: Any = None, **limit: Any) -> Refusal:
+async def refused(component: str, failure: str, body: Any = None, **limit: Any) -> RefusalMet:
     """The refusal read from the error httpx raises for the route's failure response, its only
     slot held by a request in flight."""
     app = limited_app(component, failure, **limit)
@@ -88,7 +88,7 @@ async def test_an_episode_refusal_is_read_from_the_reply():
         "task": {"task_id": {"taskset": "t", "task_id": "1"}},
     }
     timeout = await refused("refusal_episode_t", "episode", body, queue_timeout_seconds=0.01)
-    assert timeout == Refusal(
+    assert timeout == RefusalMet(
         "admission_timeout", "an inner environment server: Episode admission timed out"
     )
     full = await refused("refusal_episode_q", "episode", body, max_queue=0)

@@ -50,9 +50,9 @@ async def test_a_block_closed_in_another_task_releases_its_slot(component: str):
     gc.collect()
     for _ in range(10):
         await asyncio.sleep(0)
-    assert handle.limit.semaphore.active == 0
+    assert handle.limit.limit.active == 0
     async with handle as op:  # and the limit still works
-        assert handle.limit.semaphore.active == 1
+        assert handle.limit.limit.active == 1
     assert op.outcome == "ok"
 
 
@@ -70,7 +70,7 @@ async def test_concurrent_blocks_of_one_handle_each_close_their_own(component: s
 
     await asyncio.gather(block("good", False), block("bad", True))
     assert outcomes == {"good": "ok", "bad": "error"}
-    assert handle.limit.semaphore.active == 0
+    assert handle.limit.limit.active == 0
 
 
 async def test_exiting_more_often_than_entering_is_an_error(component: str):
@@ -90,7 +90,7 @@ async def test_getting_a_handle_needs_no_worker_thread(component: str):
     @app.post("/judge")
     async def judge(handle: Judge) -> dict[str, int]:
         async with handle:
-            return {"active": handle.limit.semaphore.active}
+            return {"active": handle.limit.limit.active}
 
     app.add_middleware(ConcurrencyLimitMiddleware, settings=judge_settings(component))
     limiter = anyio.to_thread.current_default_thread_limiter()
@@ -109,4 +109,3 @@ async def test_getting_a_handle_needs_no_worker_thread(component: str):
         release.set()
         limiter.total_tokens = tokens
     assert response.json() == {"active": 1}
-

@@ -42,8 +42,9 @@ def request_body(connection: Connection, body: bytes, chunk: int | None = None) 
     chunk = chunk or max(1, len(body))
     for start in range(0, len(body), chunk):
         more = start + chunk < len(body)
-        connection.put({"type": "http.request", "body": body[start : start + chunk],
-                        "more_body": more})
+        connection.put(
+            {"type": "http.request", "body": body[start : start + chunk], "more_body": more}
+        )
 
 
 @pytest.mark.parametrize("steps", [0, 1, 2, 3, 5])
@@ -178,8 +179,9 @@ async def test_an_episode_refusal_echoes_a_body_that_arrives_in_pieces(component
     served = asyncio.create_task(app(refused.scope, refused.receive, refused.send))
     ids = b'{"episode_id": {"rollout_id": "r", "attempt": 3}, "task_id": {"taskset": "t"}}'
     for byte in range(len(ids)):
-        refused.put({"type": "http.request", "body": ids[byte : byte + 1],
-                     "more_body": byte + 1 < len(ids)})
+        refused.put(
+            {"type": "http.request", "body": ids[byte : byte + 1], "more_body": byte + 1 < len(ids)}
+        )
         await loop_steps(1)
     await asyncio.wait_for(served, 5)
     answer = json.loads(refused.body)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import textwrap
 from pathlib import Path
@@ -102,12 +103,19 @@ async def test_limits_can_be_added_removed_and_made_adaptive(component: str):
     both = ConcurrencySettings(
         component=component,
         routes=[
-            RouteLimit(path="/run", limit_name="episodes", max_concurrent=2,
-                       adaptive={"min_concurrent": 1, "max_concurrent": 8}),
+            RouteLimit(
+                path="/run",
+                limit_name="episodes",
+                max_concurrent=2,
+                adaptive={"min_concurrent": 1, "max_concurrent": 8},
+            ),
             RouteLimit(path="/other", limit_name="other", max_concurrent=5),
         ],
-        operations=[OperationLimit(limit_name="judge", operation="judge", executor="inline",
-                                   max_concurrent=3)],
+        operations=[
+            OperationLimit(
+                limit_name="judge", operation="judge", executor="inline", max_concurrent=3
+            )
+        ],
     )
     changes = reload_settings(app, both)
     assert changes == [
@@ -116,7 +124,9 @@ async def test_limits_can_be_added_removed_and_made_adaptive(component: str):
         "operation limit 'judge' added: 3",
     ]
     assert {n: s.limit for n, s in limits_of(component).items()} == {
-        "episodes": 2, "other": 5, "judge": 3
+        "episodes": 2,
+        "other": 5,
+        "judge": 3,
     }
     middleware = concurrency_middleware(app)
     feedback = middleware.limits.routes[0].feedback
@@ -174,58 +184,37 @@ def test_nothing_reachable_over_http_can_change_a_limit(component: str):
     assert not any("reload" in str(p) or "resize" in str(p) for p in paths)
 
 
-SIGHUP_APP = """
-import asyncio
-import os
-import signal
-from contextlib import asynccontextmanager
-
-from fastapi import FastAPI
-from gym_concurrency.middleware import (
-    ConcurrencyLimitMiddleware, ConcurrencySettings, ConcurrencyStatusView, reload_settings,
-)
-
-PATH = os.environ["LIMITS_FILE"]
+def sighup_app() -> str:
+    """docs/adaptive-limits.md's SIGHUP block as it stands, with a route to limit and the
+    status view to read the limit from."""
+    doc = (Path(__file__).parents[2] / "docs" / "adaptive-limits.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", doc, re.S)
+    block = next(b for b in blocks if "add_signal_handler" in b)
+    return block + textwrap.dedent("""
+        from gym_concurrency.middleware import ConcurrencyStatusView
 
 
-@asynccontextmanager
-async def lifespan(app):
-    def on_sighup():
-        try:
-            reload_settings(app, ConcurrencySettings.from_file(PATH))
-        except (ValueError, RuntimeError) as error:  # a bad file: keep running as before
-            print("reload refused:", error, flush=True)
-
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGHUP, on_sighup)
-    yield
-    loop.remove_signal_handler(signal.SIGHUP)
+        @app.post("/run")
+        async def run():
+            return {"ok": True}
 
 
-app = FastAPI(lifespan=lifespan)
-
-
-@app.post("/run")
-async def run():
-    return {"ok": True}
-
-
-app.add_route("/concurrency", ConcurrencyStatusView())
-app.add_middleware(ConcurrencyLimitMiddleware,
-                   settings=ConcurrencySettings.from_file(PATH))
-"""
+        app.add_route("/concurrency", ConcurrencyStatusView())
+    """)
 
 
 def test_sighup_reloads_the_settings_file_in_a_real_server(tmp_path: Path, component: str):
-    (tmp_path / "sighup_app.py").write_text(SIGHUP_APP)
+    (tmp_path / "sighup_app.py").write_text(sighup_app())
     limits_file = tmp_path / "limits.yaml"
 
     def write(size: int) -> None:
-        limits_file.write_text(textwrap.dedent(f"""
+        limits_file.write_text(
+            textwrap.dedent(f"""
             component: {component}
             routes:
               - {{path: /run, limit_name: episodes, max_concurrent: {size}}}
-        """))
+        """)
+        )
 
     write(4)
     env = clean_env(LIMITS_FILE=str(limits_file))
@@ -240,9 +229,60 @@ def test_sighup_reloads_the_settings_file_in_a_real_server(tmp_path: Path, compo
         write(9)
         os.kill(server.process.pid, signal.SIGHUP)
         wait_until(lambda: limit() == 9, what="the reloaded limit")
+        # Shown under uvicorn's default logging, one line per change.
+        change = "gym_concurrency reload: route limit 'episodes': 4 -> 9, static"
+        wait_until(lambda: change in server.log, what="the change in the log")
         limits_file.write_text("routes: [{path: /run, limit_name: episodes}]\n")  # invalid
         os.kill(server.process.pid, signal.SIGHUP)
-        wait_until(lambda: "reload refused" in server.log, what="the refusal in the log")
+        wait_until(lambda: server.log.count("reload refused") == 1, what="the refusal")
+        limits_file.unlink()  # a missing file is refused the same way, no traceback
+        os.kill(server.process.pid, signal.SIGHUP)
+        wait_until(lambda: server.log.count("reload refused") == 2, what="the second refusal")
+        assert "No such file or directory" in server.log
+        assert "Traceback" not in server.log
         assert limit() == 9
         assert server.process.poll() is None
         assert httpx.post(server.url + "/run").status_code == 200
+
+
+async def test_a_reload_says_every_field_it_changed(component: str):
+    app, _, client = await started(component, size=1, retry_after_seconds=5)
+    changes = reload_settings(app, settings(component, size=1, retry_after_seconds=7))
+    assert changes == ["route limit 'episodes': retry_after_seconds 5 -> 7"]
+    changes = reload_settings(
+        app, settings(component, size=1, retry_after_seconds=7, failure="openai")
+    )
+    assert changes == ["route limit 'episodes': failure 'problem' -> 'openai'"]
+    same = settings(component, size=1, retry_after_seconds=7, failure="openai")
+    assert reload_settings(app, same) == []  # nothing changed: nothing said
+    await client.aclose()
+
+
+async def test_a_kept_adaptive_limit_says_what_else_changed(component: str):
+    adaptive = {"min_concurrent": 1, "max_concurrent": 4}
+    app, _, client = await started(component, size=2, adaptive=adaptive, retry_after_seconds="auto")
+    changes = reload_settings(
+        app, settings(component, size=2, adaptive=adaptive, retry_after_seconds=7)
+    )
+    assert changes == ["route limit 'episodes': retry_after_seconds 'auto' -> 7"]
+    await client.aclose()
+
+
+async def test_a_settings_wide_change_is_said_too(component: str):
+    app, _, client = await started(component, size=1)
+    both = settings(component, size=1).model_copy(update={"close_connection_on_refusal": True})
+    assert reload_settings(app, both) == ["close_connection_on_refusal False -> True"]
+    await client.aclose()
+
+
+async def test_a_refused_reload_names_the_field_once(component: str):
+    # The caller says "reload refused: ..." (docs/adaptive-limits.md): the error itself names
+    # the field, with one prefix.
+    app, _, client = await started(component, size=2)
+    with pytest.raises(ConcurrencyConfigError) as refused:
+        reload_settings(app, settings(component, size=2, path="/nowhere"))
+    message = str(refused.value)
+    assert message.startswith("gym_concurrency: routes.0.path '/nowhere' matches no route")
+    assert message.count("gym_concurrency") == 1
+    assert "refused" not in message
+    await client.aclose()

@@ -99,8 +99,9 @@ def test_websocket_closing_while_queued_leaves_the_queue(component: str):
 def test_queued_websocket_once_admitted_gets_its_connect_then_live_messages(component: str):
     settings = ConcurrencySettings(
         component=component,
-        routes=[RouteLimit(path="/ws", limit_name="sockets", max_concurrent=1,
-                           queue_timeout_seconds=10)],
+        routes=[
+            RouteLimit(path="/ws", limit_name="sockets", max_concurrent=1, queue_timeout_seconds=10)
+        ],
     )
     app, _ = make_app(settings)
     received: list[Any] = []

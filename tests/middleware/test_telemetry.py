@@ -154,7 +154,11 @@ def test_nothing_is_recorded_until_a_global_provider_is_set():
     env = {"PYTHONPATH": f"{HERE}:{HERE.parents[1]}", "PATH": "/usr/bin:/bin"}
     result = subprocess.run(
         [sys.executable, "-c", NO_PROVIDER_SCRIPT],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     # No provider: the request works and there is no histogram to record on. Once the global

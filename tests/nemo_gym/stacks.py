@@ -304,4 +304,3 @@ async def warm_up(app: ASGIApp, body: bytes = b"{}") -> None:
     connection.disconnect()
     await task
     assert connection.status == 200, connection.sent
-

@@ -23,7 +23,7 @@ from nemo_gym.config_types import Domain  # noqa: E402
 from nemo_gym.rollout_collection import _episode_record, _is_episode_response  # noqa: E402
 
 from gym_concurrency import MeteredSemaphore  # noqa: E402
-from gym_concurrency.observer import registered_semaphores  # noqa: E402
+from gym_concurrency.limits import registered_limits  # noqa: E402
 from tests.nemo_gym.environment import (  # noqa: E402
     Collector,
     build_app,
@@ -52,9 +52,7 @@ def example(marker: str) -> dict[str, Any]:
 
 def limit_of(server_name: str, limit_name: str) -> MeteredSemaphore:
     [limit] = [
-        s
-        for s in registered_semaphores()
-        if s.server == server_name and s.limit_name == limit_name
+        s for s in registered_limits() if s.server == server_name and s.limit_name == limit_name
     ]
     return limit
 

@@ -118,8 +118,12 @@ def create_app() -> FastAPI:
         called("/episode")
         body = json.loads(await request.body())
         await asyncio.sleep(0.005)
-        return {"episode_id": body["episode_id"], "task_id": body["task"]["task_id"],
-                "result": {"reward": 1.0}, "failure": None}
+        return {
+            "episode_id": body["episode_id"],
+            "task_id": body["task"]["task_id"],
+            "result": {"reward": 1.0},
+            "failure": None,
+        }
 
     @app.post("/hold")
     async def hold() -> dict[str, bool]:

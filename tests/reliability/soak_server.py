@@ -28,7 +28,8 @@ class Scrape:
     def value(self, name: str, **labels: str) -> float | None:
         """The sum of the samples called `name` whose labels include `labels`; None if none."""
         found = [
-            s.value for s in self.samples
+            s.value
+            for s in self.samples
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
         ]
         return sum(found) if found else None
@@ -48,7 +49,10 @@ class SoakServer:
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "tests.reliability.soak_app", str(self.port)],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + 30
         while True:

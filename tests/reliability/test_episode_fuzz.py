@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gym_concurrency import MeteredSemaphore
-from gym_concurrency.observer import registered_semaphores
+from gym_concurrency.limits import registered_limits
 from tests.servers import UvicornServer, wait_until
 
 MAX_BODY = 16 * 1024
@@ -54,10 +54,16 @@ def episode_app(component: str, release: threading.Event) -> FastAPI:
         component=component,
         max_queued_body_bytes=MAX_BODY,
         routes=[
-            RouteLimit(path="/episode", limit_name="shed", max_concurrent=1, max_queue=0,
-                       failure="episode"),
-            RouteLimit(path="/episode/slow", limit_name="timeout", max_concurrent=1,
-                       queue_timeout_seconds=0.01, failure="episode"),
+            RouteLimit(
+                path="/episode", limit_name="shed", max_concurrent=1, max_queue=0, failure="episode"
+            ),
+            RouteLimit(
+                path="/episode/slow",
+                limit_name="timeout",
+                max_concurrent=1,
+                queue_timeout_seconds=0.01,
+                failure="episode",
+            ),
         ],
     )
     app.add_middleware(ConcurrencyLimitMiddleware, settings=settings_)
@@ -105,14 +111,20 @@ def expected_ids(body: bytes) -> tuple[Any, Any]:
 # --- bodies -------------------------------------------------------------------------------
 
 ids = st.one_of(
-    st.text(max_size=20), st.integers(), st.integers(-(10**40), 10**40), st.booleans(),
-    st.none(), st.floats(), st.lists(st.integers(), max_size=2),
+    st.text(max_size=20),
+    st.integers(),
+    st.integers(-(10**40), 10**40),
+    st.booleans(),
+    st.none(),
+    st.floats(),
+    st.lists(st.integers(), max_size=2),
     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
 )
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
-                                                                 max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=10,
 )
 
@@ -125,12 +137,20 @@ def episode_requests(draw: st.DrawFn) -> dict[str, Any]:
         request["episode_id"] = draw(ids)
     if draw(st.booleans()):
         request["task_id"] = draw(ids)
-    task = draw(st.one_of(st.none(), json_values, st.fixed_dictionaries(
-        {}, optional={"task_id": ids, "prompt": json_values})))
+    task = draw(
+        st.one_of(
+            st.none(),
+            json_values,
+            st.fixed_dictionaries({}, optional={"task_id": ids, "prompt": json_values}),
+        )
+    )
     if task is not None:
         request["task"] = task
-    request.update(draw(st.dictionaries(st.sampled_from(["input", "x", "Episode_ID"]),
-                                        json_values, max_size=2)))
+    request.update(
+        draw(
+            st.dictionaries(st.sampled_from(["input", "x", "Episode_ID"]), json_values, max_size=2)
+        )
+    )
     return request
 
 
@@ -164,11 +184,13 @@ def held_server() -> Iterator[tuple[UvicornServer, dict[str, MeteredSemaphore]]]
     component = f"episode_fuzz_{uuid.uuid4().hex[:8]}"
     release = threading.Event()
     with UvicornServer(episode_app(component, release)) as server:
-        limits = {str(s.limit_name): s for s in registered_semaphores()
-                  if s.component == component}
+        limits = {str(s.limit_name): s for s in registered_limits() if s.component == component}
         holders = [
-            threading.Thread(target=httpx.post, args=(server.url + path,),
-                             kwargs={"content": b"{}", "timeout": 120})
+            threading.Thread(
+                target=httpx.post,
+                args=(server.url + path,),
+                kwargs={"content": b"{}", "timeout": 120},
+            )
             for path in ROUTES
         ]
         for holder in holders:
@@ -188,8 +210,7 @@ def check_refusal(response: httpx.Response, body: bytes, reason: str) -> None:
     answer = response.json()
     assert set(answer) == EPISODE_KEYS, answer
     assert answer["result"] is None
-    assert answer["failure"] == {"failure_reason": reason, "terminal": False,
-                                 "stage": "admission"}
+    assert answer["failure"] == {"failure_reason": reason, "terminal": False, "stage": "admission"}
     assert (answer["episode_id"], answer["task_id"]) == expected_ids(body), body[:200]
 
 
@@ -202,14 +223,19 @@ def test_fuzzed_episode_bodies_get_the_documented_failure_and_leak_no_slot(
 
     with httpx.Client(base_url=server.url, timeout=10) as client:
 
-        @settings(max_examples=400, deadline=None, print_blob=True,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+        @settings(
+            max_examples=400,
+            deadline=None,
+            print_blob=True,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )
         @given(body_and_pad=bodies, path=st.sampled_from(list(ROUTES)), chunked=st.booleans())
         def refused(body_and_pad: tuple[bytes, int], path: str, chunked: bool) -> None:
             body = padded(*body_and_pad)
             content: Any = iter([body[:7], body[7:]]) if chunked else body
-            response = client.post(path, content=content,
-                                   headers={"content-type": "application/json"})
+            response = client.post(
+                path, content=content, headers={"content-type": "application/json"}
+            )
             sent[path] += 1
             check_refusal(response, body, ROUTES[path])
 
@@ -239,13 +265,19 @@ def test_the_oracle_reads_the_contract():
     assert expected_ids(b'{"episode_id": "e1", "task": {"task_id": 7}}') == ("e1", 7)
     assert expected_ids(b'{"episode_id": 3, "task_id": "t"}') == (3, "t")
     assert expected_ids(b'{"episode_id": true, "task": {"task_id": 1.5}, "task_id": "t"}') == (
-        True, 1.5)  # verbatim, whatever JSON value
+        True,
+        1.5,
+    )  # verbatim, whatever JSON value
     assert expected_ids(b'{"episode_id": {"rollout_id": "r", "attempt": 1}, "task": {}}') == (
-        {"rollout_id": "r", "attempt": 1}, None)
+        {"rollout_id": "r", "attempt": 1},
+        None,
+    )
     assert expected_ids(b'{"episode_id": 1e999, "task_id": [1e999]}') == (None, None)
     assert expected_ids(b'{"episode_id": NaN}') == (None, None)
     assert expected_ids(b'{"task": "t1"}') == (None, None)
     assert expected_ids(b'["e1"]') == (None, None)
     assert expected_ids(b"\xff{") == (None, None)
     assert expected_ids(json.dumps({"episode_id": "e", "pad": "x" * MAX_BODY}).encode()) == (
-        None, None)
+        None,
+        None,
+    )

@@ -48,8 +48,11 @@ async def cancel_all(tasks: list[asyncio.Task[bool]]) -> float:
 def reported(metrics: MetricsCapture, name: str, limit_name: str) -> int:
     """The value the observer reports for `limit_name` (summed over its attribute set)."""
     values = metrics.values(name)
-    return sum(v for attrs, v in values.items() if dict(attrs).get(
-        "nemo.gym.concurrency.limit_name") == limit_name)
+    return sum(
+        v
+        for attrs, v in values.items()
+        if dict(attrs).get("nemo.gym.concurrency.limit_name") == limit_name
+    )
 
 
 @pytest.mark.slow

@@ -34,39 +34,78 @@ VALID: dict[str, Any] = {
     "server_name": "fuzz-server",
     "max_queued_body_bytes": 4096,
     "routes": [
-        {"path": "/run", "methods": ["POST"], "limit_name": "episodes", "max_concurrent": 2,
-         "queue_timeout_seconds": 0.5, "max_queue": 10, "failure": "episode",
-         "retry_after_seconds": 3},
-        {"path": "/v1/chat/completions", "limit_name": "model", "max_concurrent": 8,
-         "failure": "openai"},
+        {
+            "path": "/run",
+            "methods": ["POST"],
+            "limit_name": "episodes",
+            "max_concurrent": 2,
+            "queue_timeout_seconds": 0.5,
+            "max_queue": 10,
+            "failure": "episode",
+            "retry_after_seconds": 3,
+        },
+        {
+            "path": "/v1/chat/completions",
+            "limit_name": "model",
+            "max_concurrent": 8,
+            "failure": "openai",
+        },
     ],
     "operations": [
-        {"limit_name": "verify", "operation": "verify", "executor": "thread",
-         "max_concurrent": 1, "timeout_seconds": 2.0},
+        {
+            "limit_name": "verify",
+            "operation": "verify",
+            "executor": "thread",
+            "max_concurrent": 1,
+            "timeout_seconds": 2.0,
+        },
     ],
 }
 
 # Every field that a user sets, as a path into VALID.
 FIELDS: list[tuple[Any, ...]] = [
-    *[(key,) for key in ("component", "server_name", "max_queued_body_bytes", "routes",
-                         "operations")],
+    *[
+        (key,)
+        for key in ("component", "server_name", "max_queued_body_bytes", "routes", "operations")
+    ],
     *[("routes", i, key) for i in (0, 1) for key in VALID["routes"][0]],
     *[("operations", 0, key) for key in VALID["operations"][0]],
 ]
 
 # Text that an environment variable can hold (no NUL, no lone surrogates).
-env_text = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"),
-                   max_size=30)
+env_text = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=30)
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.integers(-3, 3),
-    st.floats(allow_nan=True, allow_infinity=True), st.floats(-2, 2),
-    env_text, st.sampled_from(["", "/", "POST", "post", "episode", "verify", "thread", "nan",
-                               "-1", "0", "1e309", "episodes", "model", "verify"]),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(-3, 3),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(-2, 2),
+    env_text,
+    st.sampled_from(
+        [
+            "",
+            "/",
+            "POST",
+            "post",
+            "episode",
+            "verify",
+            "thread",
+            "nan",
+            "-1",
+            "0",
+            "1e309",
+            "episodes",
+            "model",
+            "verify",
+        ]
+    ),
 )
 garbage = st.recursive(
     scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=3),
-                            st.dictionaries(env_text, inner, max_size=3)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(env_text, inner, max_size=3)
+    ),
     max_leaves=8,
 )
 
@@ -161,8 +200,10 @@ def test_the_valid_base_loads_from_env_and_file(tmp_path: Path):
 
 
 @settings(max_examples=200, deadline=None)
-@given(content=st.binary(max_size=200) | st.text(max_size=200).map(str.encode),
-       suffix=st.sampled_from([".json", ".yaml"]))
+@given(
+    content=st.binary(max_size=200) | st.text(max_size=200).map(str.encode),
+    suffix=st.sampled_from([".json", ".yaml"]),
+)
 def test_an_unparsable_settings_file_fails_naming_the_file(content: bytes, suffix: str):
     with tempfile.TemporaryDirectory() as folder, environment({}):
         path = Path(folder) / f"fuzzed-settings{suffix}"
@@ -195,10 +236,43 @@ WHOLE = re.compile(r"[+-]?(?:0|[1-9][0-9]*)")
 DECIMAL = re.compile(r"[+-]?(?:(?:0|[1-9][0-9]*)(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 # What YAML 1.1 reads as something other than the decimal number it seems to say, and more.
 number_text = st.one_of(
-    st.sampled_from(["yes", "no", "on", "off", "y", "n", "true", "false", "True", "NO", "~",
-                     "null", "010", "0o10", "0x1f", "0b11", "1_000", "1:30", "190:20:30",
-                     "+5", "-0", "007", "1e2", "1E+2", ".5", "5.", "0.5", "2001-12-14",
-                     ".inf", "-.inf", ".nan", "1.5e-3", "0010.5"]),
+    st.sampled_from(
+        [
+            "yes",
+            "no",
+            "on",
+            "off",
+            "y",
+            "n",
+            "true",
+            "false",
+            "True",
+            "NO",
+            "~",
+            "null",
+            "010",
+            "0o10",
+            "0x1f",
+            "0b11",
+            "1_000",
+            "1:30",
+            "190:20:30",
+            "+5",
+            "-0",
+            "007",
+            "1e2",
+            "1E+2",
+            ".5",
+            "5.",
+            "0.5",
+            "2001-12-14",
+            ".inf",
+            "-.inf",
+            ".nan",
+            "1.5e-3",
+            "0010.5",
+        ]
+    ),
     st.from_regex(r"[-+]?[0-9_:.oxbeE]{1,7}", fullmatch=True),
 )
 

@@ -32,7 +32,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.view import Aggregation
 
 from gym_concurrency import MeteredSemaphore, observe_concurrency
-from gym_concurrency.observer import registered_semaphores
+from gym_concurrency.limits import registered_limits
 from tests.servers import UvicornServer, free_port
 
 HOLD_SECONDS = 0.1
@@ -83,8 +83,11 @@ def limited_app(component: str, provider: MeterProvider) -> FastAPI:
         component=component,
         routes=[
             RouteLimit(
-                path="/work", limit_name="work", max_concurrent=1,
-                queue_timeout_seconds=0.03, max_queue=1,
+                path="/work",
+                limit_name="work",
+                max_concurrent=1,
+                queue_timeout_seconds=0.03,
+                max_queue=1,
             )
         ],
     )
@@ -93,7 +96,7 @@ def limited_app(component: str, provider: MeterProvider) -> FastAPI:
 
 
 def the_limit(component: str) -> MeteredSemaphore:
-    return next(s for s in registered_semaphores() if s.component == component)
+    return next(s for s in registered_limits() if s.component == component)
 
 
 async def drive(url: str) -> dict[str, int]:
@@ -179,8 +182,11 @@ async def test_refused_otlp_and_failing_collections_never_reach_a_request(
     check_counts(outcomes, the_limit(component))
 
     otlp_errors = records_from(caplog, "opentelemetry.exporter.otlp")
-    reader_errors = [r for r in records_from(caplog, "opentelemetry.sdk.metrics")
-                     if r.getMessage() == "Exception while exporting metrics"]
+    reader_errors = [
+        r
+        for r in records_from(caplog, "opentelemetry.sdk.metrics")
+        if r.getMessage() == "Exception while exporting metrics"
+    ]
     assert otlp_errors, "the refused OTLP export was not logged"
     assert reader_errors, "the failing collection was not logged"
     # Logged per export cycle (every 0.1 s), not per request.

@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 
-from gym_concurrency.shared_limit import SharedLimit
+from gym_concurrency import SharedLimit
 
 # Short leases so that a dead holder's slots pass on quickly in a test.
 FAST: dict[str, Any] = {"lease_seconds": 1.5, "redis_timeout": 0.3}
@@ -44,8 +44,8 @@ class Limits:
         for task in limit._tasks:
             task.cancel()
         limit._tasks = []
-        self.dead_clients += [limit._client, limit._mailbox_client]
-        limit._client = limit._mailbox_client = None  # nothing more is sent
+        self.dead_clients += [limit._store._client, limit._store._mailbox_client]
+        limit._store._client = limit._store._mailbox_client = None  # nothing more is sent
         limit._closed = True
 
 
@@ -67,15 +67,13 @@ def held_ids(*limits: SharedLimit) -> set[str]:
 async def settle(*limits: SharedLimit, within: float = 3.0) -> None:
     """Wait until no Redis call of these limits is in flight (notifications delivered)."""
     deadline = time.monotonic() + within
-    while any(limit._background for limit in limits):
+    while any(limit._sync.background for limit in limits):
         assert time.monotonic() < deadline, "Redis calls still in flight"
         await asyncio.sleep(0.005)
     await asyncio.sleep(0.02)
 
 
-async def wait_for(
-    condition: Callable[[], bool], within: float, what: str = "condition"
-) -> float:
+async def wait_for(condition: Callable[[], bool], within: float, what: str = "condition") -> float:
     """Wait until `condition()` holds; the seconds it took."""
     started = time.monotonic()
     while not condition():
@@ -83,4 +81,3 @@ async def wait_for(
             raise AssertionError(f"{what} not reached within {within} s")
         await asyncio.sleep(0.01)
     return time.monotonic() - started
-

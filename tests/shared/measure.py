@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gym_concurrency.shared_limit import SharedLimit
+from gym_concurrency import SharedLimit
 from tests.shared.redis_server import RedisServer
 
 
@@ -38,18 +38,18 @@ async def round_trips(url: str, admissions: int) -> dict[str, float]:
     limit = SharedLimit(4, redis_url=url, key="rt")
     await limit.connect()
     calls: dict[str, int] = {}
-    call = limit._call
+    call = limit._store._call
 
     async def counted(script: str, args: list[Any]) -> list[Any]:
         calls[script] = calls.get(script, 0) + 1
         return await call(script, args)
 
-    limit._call = counted  # type: ignore[method-assign]
+    limit._store._call = counted  # type: ignore[method-assign]
     started = time.perf_counter()
     for _ in range(admissions):
         assert await limit.enqueue() == "admitted"
         limit.release()
-        while limit._background:
+        while limit._sync.background:
             await asyncio.sleep(0)
     elapsed = time.perf_counter() - started
     await limit.close()
@@ -92,9 +92,7 @@ def handoffs(url: str, rounds: int) -> dict[str, float]:
     results = [out.get(timeout=120) for _ in procs]
     for p in procs:
         p.join()
-    merged = sorted(
-        (at, who, kind) for who, events in enumerate(results) for kind, at in events
-    )
+    merged = sorted((at, who, kind) for who, events in enumerate(results) for kind, at in events)
     gaps = []
     for (at, who, kind), (next_at, next_who, next_kind) in itertools.pairwise(merged):
         if kind == "release" and next_kind == "admit" and next_who != who:
@@ -171,9 +169,7 @@ async def waiters(
     for p in procs:
         p.join()
     await holder.close()
-    cpu = sum(
-        float(cpu_after[k]) - float(cpu_before[k]) for k in ("used_cpu_sys", "used_cpu_user")
-    )
+    cpu = sum(float(cpu_after[k]) - float(cpu_before[k]) for k in ("used_cpu_sys", "used_cpu_user"))
     admitted = sorted(t for times in results for t in times if begin <= t <= end)
     gaps = [(b - a) * 1e6 for a, b in itertools.pairwise(admitted)]
     return {
@@ -202,9 +198,7 @@ def main() -> None:
                 "redis_used_memory_empty_bytes": empty,
                 "round_trips": asyncio.run(round_trips(server.url, 1000)),
                 "handoff": handoffs(server.url, args.handoffs),
-                "waiters": [
-                    asyncio.run(waiters(server, int(n))) for n in args.waiters.split(",")
-                ],
+                "waiters": [asyncio.run(waiters(server, int(n))) for n in args.waiters.split(",")],
             }
         finally:
             server.stop()

@@ -60,8 +60,18 @@ app.add_middleware(ConcurrencyLimitMiddleware)  # settings from GYM_CONCURRENCY_
 
 
 def route(limit: int, **fields: object) -> str:
-    return json.dumps([{"path": "/run", "limit_name": "shared_runs", "max_concurrent": limit,
-                        "scope": "global", "queue_timeout_seconds": 20, **fields}])
+    return json.dumps(
+        [
+            {
+                "path": "/run",
+                "limit_name": "shared_runs",
+                "max_concurrent": limit,
+                "scope": "global",
+                "queue_timeout_seconds": 20,
+                **fields,
+            }
+        ]
+    )
 
 
 class Servers:
@@ -72,9 +82,11 @@ class Servers:
     ) -> None:
         (folder / "witness_app.py").write_text(APP)
         variables = clean_env(
-            WITNESS_URL=witness_url or redis_url, WITNESS_KEY=key,
+            WITNESS_URL=witness_url or redis_url,
+            WITNESS_KEY=key,
             GYM_CONCURRENCY_REDIS_URL=redis_url,
-            GYM_CONCURRENCY_COMPONENT=f"global_{key}", **env,
+            GYM_CONCURRENCY_COMPONENT=f"global_{key}",
+            **env,
         )
         self._stack = ExitStack()
         self.servers = [Uvicorn(folder, "witness_app:app", variables) for _ in range(count)]
@@ -123,13 +135,21 @@ async def test_three_processes_never_hold_more_than_the_global_limit(
 async def test_a_killed_process_s_slots_pass_to_another_process_within_the_lease(
     folder: Path, redis_server: RedisServer, key: str
 ):
-    servers = Servers(folder, redis_server.url, key, 2, GYM_CONCURRENCY_ROUTES=route(2),
-                      GYM_CONCURRENCY_REDIS_LEASE_SECONDS="2")
+    servers = Servers(
+        folder,
+        redis_server.url,
+        key,
+        2,
+        GYM_CONCURRENCY_ROUTES=route(2),
+        GYM_CONCURRENCY_REDIS_LEASE_SECONDS="2",
+    )
     try:
         doomed, survivor = servers.servers
         async with httpx.AsyncClient(timeout=30) as client:
-            held = [asyncio.create_task(client.post(f"{doomed.url}/run", params={"hold": 60}))
-                    for _ in range(2)]
+            held = [
+                asyncio.create_task(client.post(f"{doomed.url}/run", params={"hold": 60}))
+                for _ in range(2)
+            ]
             deadline = time.monotonic() + 10
             while peak(redis_server, key) < 2:
                 assert time.monotonic() < deadline, "the doomed process never held both slots"
@@ -172,8 +192,11 @@ async def test_waiters_in_different_processes_are_admitted_in_arrival_order(
             # Arrivals 0.3 s apart, alternating processes: admitted in that order.
             waiting = []
             for n, server in enumerate([second, first, second, first]):
-                waiting.append(asyncio.create_task(
-                    client.post(f"{server.url}/run", params={"tag": str(n), "hold": 0.02})))
+                waiting.append(
+                    asyncio.create_task(
+                        client.post(f"{server.url}/run", params={"tag": str(n), "hold": 0.02})
+                    )
+                )
                 await asyncio.sleep(0.3)
             answers = await asyncio.gather(held, *waiting)
         assert [a.status_code for a in answers] == [200] * 5
@@ -187,9 +210,15 @@ async def test_an_unreachable_redis_is_answered_by_redis_unavailable_then_recove
     folder: Path, own_redis: RedisServer, redis_server: RedisServer, key: str, mode: str
 ):
     # The limit lives in `own_redis`, paused here; the witness in the session's Redis.
-    servers = Servers(folder, own_redis.url, key, 1, witness_url=redis_server.url,
-                      GYM_CONCURRENCY_ROUTES=route(2, local_max_concurrent=1),
-                      GYM_CONCURRENCY_REDIS_UNAVAILABLE=mode)
+    servers = Servers(
+        folder,
+        own_redis.url,
+        key,
+        1,
+        witness_url=redis_server.url,
+        GYM_CONCURRENCY_ROUTES=route(2, local_max_concurrent=1),
+        GYM_CONCURRENCY_REDIS_UNAVAILABLE=mode,
+    )
     try:
         (server,) = servers.servers
         assert (await post_all([server.url], 4))[0].status_code == 200
@@ -223,14 +252,22 @@ async def test_a_restarted_redis_leaves_no_slot_lost_or_phantom(
 ):
     # Redis restarts empty while two processes hold slots: the held work is re-registered,
     # the limit admits again without restarting any server, and at the end no lease is left.
-    servers = Servers(folder, own_redis.url, key, 2, witness_url=redis_server.url,
-                      GYM_CONCURRENCY_ROUTES=route(2), GYM_CONCURRENCY_REDIS_LEASE_SECONDS="3")
+    servers = Servers(
+        folder,
+        own_redis.url,
+        key,
+        2,
+        witness_url=redis_server.url,
+        GYM_CONCURRENCY_ROUTES=route(2),
+        GYM_CONCURRENCY_REDIS_LEASE_SECONDS="3",
+    )
     leases = "gym_concurrency:{shared_runs}:leases"  # the limit's lease set in Redis
     try:
         urls = [s.url for s in servers.servers]
         async with httpx.AsyncClient(timeout=30) as client:
-            held = [asyncio.create_task(client.post(f"{url}/run", params={"hold": 2}))
-                    for url in urls]
+            held = [
+                asyncio.create_task(client.post(f"{url}/run", params={"hold": 2})) for url in urls
+            ]
             deadline = time.monotonic() + 10
             while own_redis.client().zcard(leases) < 2:
                 assert time.monotonic() < deadline, "the two holders never held leases"

@@ -15,7 +15,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from gym_concurrency.shared_limit import LimitUnavailableError, SharedLimit
+from gym_concurrency import LimitUnavailableError, SharedLimit
 from tests.shared.helpers import Limits, held_ids, leases, queued, settle, wait_for
 from tests.shared.redis_server import RedisServer
 
@@ -78,9 +78,7 @@ async def test_local_admits_within_the_fallback_while_redis_is_paused(
     on_own: Limits, own_redis: RedisServer
 ) -> None:
     client = own_redis.client()
-    limit = on_own(
-        4, redis_unavailable="local", local_max_concurrent=2, timeout=0.6, **OUTAGE
-    )
+    limit = on_own(4, redis_unavailable="local", local_max_concurrent=2, timeout=0.6, **OUTAGE)
     assert await limit.enqueue() == "admitted"  # a lease in Redis
     lease = held_ids(limit)
 
@@ -114,7 +112,7 @@ async def test_local_admits_within_the_fallback_while_redis_is_paused(
 async def test_after_a_redis_restart_leases_and_waiters_are_re_registered(
     on_own: Limits, own_redis: RedisServer, caplog: pytest.LogCaptureFixture, mode: str
 ) -> None:
-    caplog.set_level(logging.WARNING, "gym_concurrency.shared_limit")
+    caplog.set_level(logging.WARNING, "gym_concurrency.limits.shared")
     client = own_redis.client()
     options = {"lease_seconds": 1.5, "redis_timeout": 0.3}
     fallback = {"redis_unavailable": "local", "local_max_concurrent": 1} if mode == "local" else {}
@@ -146,9 +144,7 @@ async def test_after_a_redis_restart_leases_and_waiters_are_re_registered(
     assert c.admission_unavailable == (1 if mode == "refuse" else 2)
     await restart  # everything in Redis is gone
     await back(a, b, c)
-    await wait_for(
-        lambda: client.zcard(a.redis_keys["leases"]) >= 2, 2.0, "leases re-registered"
-    )
+    await wait_for(lambda: client.zcard(a.redis_keys["leases"]) >= 2, 2.0, "leases re-registered")
     await settle(a, b, c)
     assert leases(client, a) | set(queued(client, a)) >= held_ids(a) | set(waiter_id)
     assert client.get(a.redis_keys["limit"]) == "2"  # the size, restored
@@ -185,7 +181,7 @@ async def test_a_pause_longer_than_the_lease_loses_no_slot_and_leaves_no_phantom
     own_redis.resume()
     await back(a)
     await settle(a)
-    await a._sync()
+    await a._sync.sync()
     assert leases(client, a) == held_ids(a)  # the two still held came back; the third not
     assert len(held_ids(a)) == 2
     a.release()

@@ -37,7 +37,11 @@ class Workers:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         process = subprocess.Popen(
             [sys.executable, "-m", "tests.shared.worker", json.dumps(config)],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         self.started.append(process)
         return process
@@ -113,9 +117,7 @@ def test_fifo_across_processes_a_waiter_is_not_overtaken_by_a_later_one(
 ) -> None:
     holder = workers.start("hold", "holder", 1, slots=1, options=FAST)
     first = workers.start("wait", "a", 1, waiters=3, gap=0.12, hold=0.02, options=FAST)
-    second = workers.start(
-        "wait", "b", 1, waiters=3, gap=0.12, delay=0.06, hold=0.02, options=FAST
-    )
+    second = workers.start("wait", "b", 1, waiters=3, gap=0.12, delay=0.06, hold=0.02, options=FAST)
     workers.go(3)
     workers.wait_event("holding holder")
     deadline = time.monotonic() + 10
@@ -163,7 +165,13 @@ def test_a_chaos_soak_across_three_processes_reconciles_every_arrival(
     options = {"lease_seconds": 3.0, "redis_timeout": 0.25, "timeout": 0.4, "max_queue": 8}
     procs = [
         own_workers.start(
-            "soak", f"p{n}", limit, seconds=5.0, rate=80, seed=n, options=options,
+            "soak",
+            f"p{n}",
+            limit,
+            seconds=5.0,
+            rate=80,
+            seed=n,
+            options=options,
             witness_url=redis_server.url,  # not paused, not restarted
         )
         for n in range(3)
@@ -176,8 +184,14 @@ def test_a_chaos_soak_across_three_processes_reconciles_every_arrival(
     time.sleep(1.2)
     own_redis.restart()  # Redis loses everything: leases and waiters are re-registered
     reports = [own_workers.report(p, within=40) for p in procs]
-    total = {"arrived": 0, "admitted": 0, "timeouts": 0, "cancelled": 0, "shed": 0,
-             "unavailable": 0}
+    total = {
+        "arrived": 0,
+        "admitted": 0,
+        "timeouts": 0,
+        "cancelled": 0,
+        "shed": 0,
+        "unavailable": 0,
+    }
     for report in reports:
         seen, counted = report["outcomes"], report["counted"]
         assert sum(seen.values()) == report["arrived"], report  # each task ended one way

@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gym_concurrency.limit import Admission
+from gym_concurrency.limits import Admission
 from tests.shared.helpers import Limits, held_ids, leases, queued, settle
 from tests.shared.redis_server import RedisServer
 
@@ -82,8 +82,10 @@ class Schedule:
         await settle(*self.procs)
         deadline = time.monotonic() + 1.5
         while leases(self.client, self.procs[0]) != held_ids(*self.procs):  # a grant in flight
-            assert time.monotonic() < deadline, (leases(self.client, self.procs[0]),
-                                                 held_ids(*self.procs))
+            assert time.monotonic() < deadline, (
+                leases(self.client, self.procs[0]),
+                held_ids(*self.procs),
+            )
             await asyncio.sleep(0.01)
         count = len(held_ids(*self.procs))
         assert count <= max(self.limit, self.leased), (count, self.limit, self.leased)
@@ -130,10 +132,25 @@ def test_random_schedules_keep_the_global_limit_fifo_and_every_count(
 
 def test_a_schedule_with_every_kind_of_step(redis_server: RedisServer) -> None:
     steps: list[tuple[Any, ...]] = [
-        ("enqueue", 0), ("enqueue", 1), ("enqueue", 2), ("enqueue", 0), ("enqueue", 1),
-        ("enqueue", 2), ("enqueue", 0), ("enqueue", 1),  # 2 held, 4 queued, then shed
-        ("leave", 0, 0), ("sleep", 0.15), ("release", 0), ("resize", 1, 4), ("resize", 2, 1),
-        ("release", 1), ("release", 2), ("enqueue", 2), ("sleep", 0.15), ("resize", 0, 0),
-        ("enqueue", 0), ("resize", 0, 3),
+        ("enqueue", 0),
+        ("enqueue", 1),
+        ("enqueue", 2),
+        ("enqueue", 0),
+        ("enqueue", 1),
+        ("enqueue", 2),
+        ("enqueue", 0),
+        ("enqueue", 1),  # 2 held, 4 queued, then shed
+        ("leave", 0, 0),
+        ("sleep", 0.15),
+        ("release", 0),
+        ("resize", 1, 4),
+        ("resize", 2, 1),
+        ("release", 1),
+        ("release", 2),
+        ("enqueue", 2),
+        ("sleep", 0.15),
+        ("resize", 0, 0),
+        ("enqueue", 0),
+        ("resize", 0, 3),
     ]
     asyncio.run(Schedule(redis_server).run(steps))

@@ -27,11 +27,11 @@ from gym_concurrency import (
     QUEUE_DEPTH_INSTRUMENT,
     MeteredSemaphore,
     QueueFullError,
+    SharedLimit,
     observe_concurrency,
 )
+from gym_concurrency.limits import registered_limits
 from gym_concurrency.names import ADMISSION_UNAVAILABLE_INSTRUMENT, SCOPE_ATTRIBUTE
-from gym_concurrency.observer import registered_limits, registered_semaphores
-from gym_concurrency.shared_limit import SharedLimit
 from tests.metrics_capture import MetricsCapture
 from tests.shared.helpers import Limits, held_ids, leases, queued, settle, wait_for
 from tests.shared.redis_server import RedisServer
@@ -53,8 +53,11 @@ URL = "redis://127.0.0.1:6379/0"
         ({"redis_timeout": "1"}, TypeError, "redis_timeout"),
         ({"redis_unavailable": "queue"}, ValueError, "redis_unavailable"),
         ({"redis_unavailable": "local"}, ValueError, "local_max_concurrent"),
-        ({"redis_unavailable": "local", "local_max_concurrent": -1}, ValueError,
-         "local_max_concurrent"),
+        (
+            {"redis_unavailable": "local", "local_max_concurrent": -1},
+            ValueError,
+            "local_max_concurrent",
+        ),
         ({"local_max_concurrent": 2}, ValueError, "local_max_concurrent"),
         ({"redis_url": "http://127.0.0.1:6379"}, ValueError, "redis_url"),
         ({"key": "a{b}"}, ValueError, "key"),
@@ -86,7 +89,7 @@ def test_the_core_imports_no_redis_until_a_shared_limit_connects() -> None:
         """
         import asyncio, sys
         import gym_concurrency
-        from gym_concurrency.shared_limit import SharedLimit
+        from gym_concurrency import SharedLimit
         limit = SharedLimit(2, redis_url="redis://127.0.0.1:1/0", key="k", redis_timeout=0.2)
         before = sorted(m for m in sys.modules if m.split(".")[0] == "redis")
         async def main():
@@ -409,8 +412,13 @@ async def test_the_observer_reports_a_global_limit_with_its_scope_and_no_redis_c
 ) -> None:
     observe_concurrency(metrics.provider)
     shared = SharedLimit(
-        4, redis_url=redis_server.url, component="obs_shared", limit_name=key, max_queue=5,
-        lease_seconds=1.5, redis_timeout=0.3,
+        4,
+        redis_url=redis_server.url,
+        component="obs_shared",
+        limit_name=key,
+        max_queue=5,
+        lease_seconds=1.5,
+        redis_timeout=0.3,
     )
     other = SharedLimit(
         4, redis_url=redis_server.url, key=key, lease_seconds=1.5, redis_timeout=0.3
@@ -418,16 +426,19 @@ async def test_the_observer_reports_a_global_limit_with_its_scope_and_no_redis_c
     local = MeteredSemaphore(2, component="obs_shared", limit_name="local", max_queue=1)
     try:
         assert shared in registered_limits()
-        assert local in registered_semaphores()
+        assert local in registered_limits()
         assert other not in registered_limits()  # no component: not reported
         assert await shared.enqueue() == "admitted"
         assert await other.enqueue() == "admitted"
         assert await other.enqueue() == "admitted"
         await settle(shared, other)
-        await shared._sync()  # this process's view of the global state, refreshed
+        await shared._sync.sync()  # this process's view of the global state, refreshed
         global_attrs = frozenset(
-            {COMPONENT_ATTRIBUTE: "obs_shared", LIMIT_NAME_ATTRIBUTE: key,
-             SCOPE_ATTRIBUTE: "global"}.items()
+            {
+                COMPONENT_ATTRIBUTE: "obs_shared",
+                LIMIT_NAME_ATTRIBUTE: key,
+                SCOPE_ATTRIBUTE: "global",
+            }.items()
         )
         local_attrs = frozenset(
             {COMPONENT_ATTRIBUTE: "obs_shared", LIMIT_NAME_ATTRIBUTE: "local"}.items()
@@ -436,9 +447,12 @@ async def test_the_observer_reports_a_global_limit_with_its_scope_and_no_redis_c
             found = {
                 name: metrics.values(name)
                 for name in (
-                    CONCURRENCY_LIMIT_INSTRUMENT, CONCURRENCY_ACTIVE_INSTRUMENT,
-                    CONCURRENCY_AVAILABLE_INSTRUMENT, QUEUE_DEPTH_INSTRUMENT,
-                    ADMISSION_SHED_INSTRUMENT, ADMISSION_UNAVAILABLE_INSTRUMENT,
+                    CONCURRENCY_LIMIT_INSTRUMENT,
+                    CONCURRENCY_ACTIVE_INSTRUMENT,
+                    CONCURRENCY_AVAILABLE_INSTRUMENT,
+                    QUEUE_DEPTH_INSTRUMENT,
+                    ADMISSION_SHED_INSTRUMENT,
+                    ADMISSION_UNAVAILABLE_INSTRUMENT,
                 )
             }
         assert probe.calls == []  # plain numbers kept in process
@@ -479,7 +493,7 @@ async def test_close_ends_waiters_unavailable_and_removes_its_leases_and_waiters
     never_used = limits(1)
     await never_used.close()
     assert await never_used.enqueue() == "unavailable"
-    assert never_used._client is None  # closed before it ever connected: it never does
+    assert never_used._store._client is None  # closed before it ever connected: it never does
 
 
 async def test_acquire_and_async_with_hold_a_slot_like_a_semaphore(

@@ -24,8 +24,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from gym_concurrency import QueueFullError
-from gym_concurrency.shared_limit import LimitUnavailableError, SharedLimit
+from gym_concurrency import LimitUnavailableError, QueueFullError, SharedLimit
 
 
 async def main(config: dict[str, Any]) -> dict[str, Any]:
@@ -35,15 +34,13 @@ async def main(config: dict[str, Any]) -> dict[str, Any]:
     witness_url = config.get("witness_url", config["url"])
     witness = aioredis.Redis.from_url(witness_url, decode_responses=True)
     options = config.get("options", {})
-    limit = SharedLimit(
-        config["limit"], redis_url=config["url"], key=config["key"], **options
-    )
+    limit = SharedLimit(config["limit"], redis_url=config["url"], key=config["key"], **options)
     await limit.connect()
     await client.rpush(f"{config['key']}:ready", config["name"])
     await client.blpop([f"{config['key']}:go"], timeout=30)
     role = ROLES[config["role"]]
     report = await role(limit, client, witness, config)
-    while limit._background:  # noqa: ASYNC110 - every release has reached Redis
+    while limit._sync.background:  # noqa: ASYNC110 - every release has reached Redis
         await asyncio.sleep(0.01)
     report.update(
         name=config["name"],
@@ -163,9 +160,7 @@ async def soak(
     tasks = []
     started = time.monotonic()
     while time.monotonic() - started < config["seconds"]:
-        task = asyncio.create_task(
-            one(rng.uniform(0.0, 0.03), rng.choice(("enqueue", "acquire")))
-        )
+        task = asyncio.create_task(one(rng.uniform(0.0, 0.03), rng.choice(("enqueue", "acquire"))))
         tasks.append(task)
         if rng.random() < 0.2:  # the client goes away, queued or not
             asyncio.get_running_loop().call_later(rng.uniform(0, 0.1), task.cancel)

@@ -26,22 +26,21 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Callable
-from typing import ClassVar, Literal, Protocol
+from typing import ClassVar, Literal, Protocol, TypedDict, Unpack
 
 __all__ = [
-    "ALGORITHMS",
     "AdaptiveController",
     "AdaptiveLimiter",
     "AimdController",
     "Algorithm",
     "DrainRate",
     "GradientController",
+    "Tuning",
     "limiter_of",
     "make_controller",
 ]
 
 Algorithm = Literal["gradient", "aimd"]
-ALGORITHMS: frozenset[Algorithm] = frozenset({"gradient", "aimd"})
 
 DEFAULT_TOLERANCE = 1.25  # latency up to 1.25x the baseline is not taken as a sign of overload
 DEFAULT_MIN_SAMPLES = 10  # samples in a window, at least (and at least one per slot)
@@ -52,8 +51,16 @@ DEFAULT_AIMD_BACKOFF = 0.9
 FASTER = 0.8  # a window this much faster than the baseline re-bases it at once
 
 
+class Tuning(TypedDict, total=False):
+    """How a controller measures, the same for every algorithm (defaults below)."""
+
+    min_samples: int  # samples in a window, at least (and at least one per slot used)
+    probe_seconds: float | None  # re-measure the baseline this often (None: never)
+    probe_factor: float  # ... at this fraction of the limit
+
+
 class Resizable(Protocol):
-    """What a controller drives: any `gym_concurrency.limit.Limit` has it."""
+    """What a controller drives: any `gym_concurrency.limits.Limit` has it."""
 
     @property
     def limit(self) -> int: ...
@@ -97,10 +104,11 @@ class AdaptiveController:
         initial: int | None = None,
         *,
         tolerance: float | None = DEFAULT_TOLERANCE,
-        min_samples: int = DEFAULT_MIN_SAMPLES,
-        probe_seconds: float | None = DEFAULT_PROBE_SECONDS,
-        probe_factor: float = DEFAULT_PROBE_FACTOR,
+        **tuning: Unpack[Tuning],
     ) -> None:
+        min_samples = tuning.get("min_samples", DEFAULT_MIN_SAMPLES)
+        probe_seconds = tuning.get("probe_seconds", DEFAULT_PROBE_SECONDS)
+        probe_factor = tuning.get("probe_factor", DEFAULT_PROBE_FACTOR)
         if not 1 <= min_limit <= max_limit:
             raise ValueError(f"need 1 <= min_limit <= max_limit, got {min_limit}, {max_limit}")
         initial = min_limit if initial is None else initial
@@ -196,9 +204,7 @@ class AdaptiveController:
                 estimate = self._estimate * self._probe_factor
         return self._apply(estimate, now)
 
-    def _should_probe(
-        self, now: float, estimate: float, rtt: float | None, overloads: int
-    ) -> bool:
+    def _should_probe(self, now: float, estimate: float, rtt: float | None, overloads: int) -> bool:
         """Time to re-measure the baseline: `probe_seconds` and PROBE_MIN_WINDOWS windows since
         the last probe, and this window was healthy (a probe during overload would take
         overloaded latency for the baseline), or the limit is down at its floor (an upstream
@@ -265,21 +271,11 @@ class GradientController(AdaptiveController):
         initial: int | None = None,
         *,
         tolerance: float = DEFAULT_TOLERANCE,
-        min_samples: int = DEFAULT_MIN_SAMPLES,
-        probe_seconds: float | None = DEFAULT_PROBE_SECONDS,
-        probe_factor: float = DEFAULT_PROBE_FACTOR,
+        **tuning: Unpack[Tuning],
     ) -> None:
         if tolerance is None:
             raise ValueError("the gradient algorithm needs a latency tolerance")
-        super().__init__(
-            min_limit,
-            max_limit,
-            initial,
-            tolerance=tolerance,
-            min_samples=min_samples,
-            probe_seconds=probe_seconds,
-            probe_factor=probe_factor,
-        )
+        super().__init__(min_limit, max_limit, initial, tolerance=tolerance, **tuning)
         self._ceiling = math.inf  # the estimate at which latency last rose past tolerance
 
     def _decide(self, estimate: float, rtt: float | None, overload: float, in_use: bool) -> float:
@@ -317,21 +313,13 @@ class AimdController(AdaptiveController):
         *,
         tolerance: float | None = DEFAULT_TOLERANCE,
         backoff: float = DEFAULT_AIMD_BACKOFF,
-        min_samples: int = DEFAULT_MIN_SAMPLES,
-        probe_seconds: float | None = DEFAULT_PROBE_SECONDS,
-        probe_factor: float = DEFAULT_PROBE_FACTOR,
+        **tuning: Unpack[Tuning],
     ) -> None:
         if not 0 < backoff < 1:
             raise ValueError(f"backoff must be between 0 and 1, got {backoff}")
-        super().__init__(
-            min_limit,
-            max_limit,
-            initial,
-            tolerance=tolerance,
-            min_samples=min_samples,
-            probe_seconds=probe_seconds if tolerance is not None else None,
-            probe_factor=probe_factor,
-        )
+        if tolerance is None:  # latency is not read: there is no baseline to re-measure
+            tuning["probe_seconds"] = None
+        super().__init__(min_limit, max_limit, initial, tolerance=tolerance, **tuning)
         self.backoff = backoff
 
     def _decide(self, estimate: float, rtt: float | None, overload: float, in_use: bool) -> float:
@@ -347,31 +335,16 @@ def make_controller(
     initial: int | None = None,
     *,
     tolerance: float | None = DEFAULT_TOLERANCE,
-    min_samples: int = DEFAULT_MIN_SAMPLES,
-    probe_seconds: float | None = DEFAULT_PROBE_SECONDS,
+    **tuning: Unpack[Tuning],
 ) -> AdaptiveController:
     """The controller for `algorithm` ("gradient" or "aimd"). `tolerance` None: AIMD ignores
     latency (overload answers only); the gradient algorithm needs one."""
     if algorithm == "gradient":
         if tolerance is None:
             raise ValueError("the gradient algorithm needs a latency tolerance")
-        return GradientController(
-            min_limit,
-            max_limit,
-            initial,
-            tolerance=tolerance,
-            min_samples=min_samples,
-            probe_seconds=probe_seconds,
-        )
+        return GradientController(min_limit, max_limit, initial, tolerance=tolerance, **tuning)
     if algorithm == "aimd":
-        return AimdController(
-            min_limit,
-            max_limit,
-            initial,
-            tolerance=tolerance,
-            min_samples=min_samples,
-            probe_seconds=probe_seconds,
-        )
+        return AimdController(min_limit, max_limit, initial, tolerance=tolerance, **tuning)
     raise ValueError(f"unknown algorithm {algorithm!r}: expected one of aimd, gradient")
 
 

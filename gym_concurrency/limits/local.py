@@ -3,30 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import OrderedDict
-from typing import Literal
 
-from . import observer
-from .limit import Admission, LimitScope, wait_in_queue
+from ._base import LimitBase, check_count
+from .limit import Admission
 
-__all__ = ["MeteredSemaphore", "QueueFullError"]
+__all__ = ["MeteredSemaphore"]
 
 _CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 
 
-class QueueFullError(Exception):
-    """Raised by `MeteredSemaphore.acquire()` when `max_queue` tasks are already waiting."""
-
-
-class MeteredSemaphore(asyncio.BoundedSemaphore):
+class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     """A FIFO bounded semaphore whose limit, holders, waiters and failed admissions are readable.
 
     `timeout` bounds the wait inside `acquire()` (expiry raises TimeoutError); `max_queue`
     bounds the waiters (a full queue raises QueueFullError at once). Acquire and release
     make no telemetry call: the observer reads these integers at export.
     """
+
+    _label = "limit"
 
     def __init__(
         self,
@@ -38,10 +34,16 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
         timeout: float | None = None,
         max_queue: int | None = None,
     ) -> None:
-        _check_value(value)
-        _check_timeout(timeout)
-        _check_max_queue(max_queue)
-        super().__init__(value)
+        check_count(type(self).__name__, "value", value)
+        LimitBase.__init__(
+            self,
+            component=component,
+            limit_name=limit_name,
+            server=server,
+            timeout=timeout,
+            max_queue=max_queue,
+        )
+        asyncio.BoundedSemaphore.__init__(self, value)
         self._limit = value
         self._active = 0  # slots held, including ones handed to a waiter not yet resumed
         # Waiters in arrival order, each with its deadline (loop time, None without a
@@ -49,16 +51,7 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
         # deadlines are in queue order too: one timer, for the oldest waiter, serves them all.
         self._queue: OrderedDict[asyncio.Future[Admission], float | None] = OrderedDict()
         self._timer: asyncio.TimerHandle | None = None
-        self._timeout = timeout
-        self._max_queue = max_queue
-        self._timeouts = 0
-        self._cancelled = 0
-        self._shed = 0
-        self._component = component
-        self._limit_name = limit_name
-        self._server = server
-        if component is not None and limit_name is not None:
-            observer.register(self)
+        self._register()
 
     # --- state -----------------------------------------------------------------------
 
@@ -82,51 +75,6 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
         """Tasks waiting for a slot now."""
         return len(self._queue)
 
-    @property
-    def admission_timeouts(self) -> int:
-        """Acquires that gave up after `timeout` seconds (monotonic)."""
-        return self._timeouts
-
-    @property
-    def admission_cancelled(self) -> int:
-        """Acquires cancelled while waiting (monotonic)."""
-        return self._cancelled
-
-    @property
-    def admission_shed(self) -> int:
-        """Acquires refused at once because the queue was full (monotonic)."""
-        return self._shed
-
-    @property
-    def timeout(self) -> float | None:
-        """Seconds an acquire may wait, or None to wait forever."""
-        return self._timeout
-
-    @property
-    def max_queue(self) -> int | None:
-        """How many tasks may wait at once, or None for no bound."""
-        return self._max_queue
-
-    @property
-    def scope(self) -> LimitScope:
-        """"process": this limit is this process's own."""
-        return "process"
-
-    @property
-    def component(self) -> str | None:
-        """The component this limit belongs to (a metric attribute)."""
-        return self._component
-
-    @property
-    def limit_name(self) -> str | None:
-        """The name of this limit within its component (a metric attribute)."""
-        return self._limit_name
-
-    @property
-    def server(self) -> str | None:
-        """The server this limit belongs to (a metric attribute), if any."""
-        return self._server
-
     def locked(self) -> bool:
         """True if `acquire()` would wait (or fail) rather than take a slot at once."""
         return self._active >= self._limit or bool(self._queue)
@@ -140,23 +88,12 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
 
     # --- acquire / release -----------------------------------------------------------
 
-    async def __aenter__(self) -> None:
-        # acquire() without a second coroutine: the stdlib mixin awaits self.acquire().
-        if not self.try_acquire():
-            await self._wait()
-
     def try_acquire(self) -> bool:
         """Take a slot if one is free and nobody waits, without waiting; True if taken."""
         if self._active < self._limit and not self._queue:
             self._active += 1
             return True
         return False
-
-    async def acquire(self) -> Literal[True]:
-        """Take a slot, waiting in FIFO order; raises TimeoutError, QueueFullError or cancels."""
-        if self.try_acquire():
-            return True
-        return await self._wait()
 
     def enqueue(self) -> asyncio.Future[Admission]:
         """Join the queue (call after `try_acquire()` failed): the future ends "admitted" (the
@@ -175,32 +112,11 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
         self._queue[waiter] = deadline
         return waiter
 
-    def leave(self, waiter: asyncio.Future[Admission], *, cancelled: bool = True) -> None:
-        """Give up waiting: counted as cancelled (unless `cancelled` is False: the request
-        failed on its own) if the wait had not ended otherwise; a slot handed to `waiter` in
-        that same moment passes on to the next waiter, never lost."""
-        counted = int(cancelled)
-        if waiter in self._queue:
-            del self._queue[waiter]  # the timer, if it was for this waiter, re-arms when it fires
-            self._cancelled += counted
-            if not waiter.done():
-                waiter.cancel()
-        elif waiter.cancelled():  # its task was cancelled while awaiting it, still queued
-            self._cancelled += counted
-        elif waiter.result() == "admitted":
-            self._cancelled += counted
-            self.release()
-
-    async def _wait(self) -> Literal[True]:
-        result = await wait_in_queue(self)
-        if result == "admitted":
-            return True
-        if result == "shed":
-            raise QueueFullError(
-                f"{self._describe()}: {len(self._queue)} tasks already waiting "
-                f"(max_queue={self._max_queue})"
-            )
-        raise TimeoutError(f"{self._describe()}: no slot within {self._timeout} s")
+    def _forget(self, waiter: asyncio.Future[Admission]) -> bool:
+        if waiter not in self._queue:
+            return False
+        del self._queue[waiter]  # the timer, if it was for this waiter, re-arms when it fires
+        return True
 
     def _expire(self) -> None:
         """Time out every waiter whose deadline has passed (the oldest ones), then re-arm the
@@ -230,7 +146,7 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
     def resize(self, limit: int) -> None:
         """Set the number of slots: growing admits waiters at once in FIFO order; shrinking
         never revokes a held slot (`active` may exceed `limit` until releases drain it)."""
-        _check_value(limit)
+        check_count(type(self).__name__, "value", limit)
         self._limit = limit
         self._admit_waiters()
 
@@ -243,35 +159,3 @@ class MeteredSemaphore(asyncio.BoundedSemaphore):
                 continue
             self._active += 1
             waiter.set_result("admitted")
-
-    def _describe(self) -> str:
-        if self._limit_name is None:
-            return type(self).__name__
-        if self._component is None:
-            return f"limit {self._limit_name}"
-        return f"limit {self._component}/{self._limit_name}"
-
-
-def _check_value(value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"MeteredSemaphore value must be an int, got {value!r}")
-    if value < 0:
-        raise ValueError(f"MeteredSemaphore value must be >= 0, got {value}")
-
-
-def _check_timeout(timeout: object) -> None:
-    if timeout is None:
-        return
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise TypeError(f"MeteredSemaphore timeout must be a number of seconds, got {timeout!r}")
-    if not (timeout > 0 and math.isfinite(timeout)):
-        raise ValueError(f"MeteredSemaphore timeout must be > 0 and finite, got {timeout}")
-
-
-def _check_max_queue(max_queue: object) -> None:
-    if max_queue is None:
-        return
-    if isinstance(max_queue, bool) or not isinstance(max_queue, int):
-        raise TypeError(f"MeteredSemaphore max_queue must be an int, got {max_queue!r}")
-    if max_queue < 0:
-        raise ValueError(f"MeteredSemaphore max_queue must be >= 0, got {max_queue}")

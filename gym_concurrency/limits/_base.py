@@ -1,0 +1,236 @@
+"""What every kind of limit shares, written once: identity, the failure counters, `leave()`'s
+accounting, `acquire()`'s mapping of a refusal to its exception, and argument checks.
+
+A kind of limit subclasses `LimitBase` and provides the slots (`limit`, `active`,
+`available`, `queue_depth`, `try_acquire`, `enqueue`, `release`, `resize`) plus
+`_forget(waiter)`, which takes a waiter still queued out of its queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import ClassVar, Literal
+
+from .limit import (
+    Admission,
+    LimitScope,
+    LimitStatistics,
+    LimitUnavailableError,
+    QueueFullError,
+    Refusal,
+    wait_in_queue,
+)
+from .registry import register
+
+__all__ = ["LimitBase", "check_count", "check_seconds"]
+
+
+class LimitBase:
+    """Identity, counters and the admission logic common to every kind of limit."""
+
+    _scope: ClassVar[LimitScope] = "process"
+    _label: ClassVar[str] = "limit"  # how messages name a limit of this kind
+
+    def __init__(
+        self,
+        *,
+        component: str | None,
+        limit_name: str | None,
+        server: str | None,
+        timeout: float | None,
+        max_queue: int | None,
+    ) -> None:
+        owner = type(self).__name__
+        check_seconds(owner, "timeout", timeout, optional=True)
+        if max_queue is not None:
+            check_count(owner, "max_queue", max_queue)
+        self._component = component
+        self._limit_name = limit_name
+        self._server = server
+        self._timeout = timeout
+        self._max_queue = max_queue
+        self._timeouts = 0
+        self._cancelled = 0
+        self._shed = 0
+
+    def _register(self) -> None:
+        """List this limit for the observer and the status view, if it is named."""
+        if self._component is not None and self._limit_name is not None:
+            register(self)
+
+    # --- identity and counters -------------------------------------------------------
+
+    @property
+    def component(self) -> str | None:
+        """The component this limit belongs to (a metric attribute)."""
+        return self._component
+
+    @property
+    def limit_name(self) -> str | None:
+        """The name of this limit within its component (a metric attribute)."""
+        return self._limit_name
+
+    @property
+    def server(self) -> str | None:
+        """The server this limit belongs to (a metric attribute), if any."""
+        return self._server
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds an acquire may wait, or None to wait forever."""
+        return self._timeout
+
+    @property
+    def max_queue(self) -> int | None:
+        """How many tasks may wait at once, or None for no bound."""
+        return self._max_queue
+
+    @property
+    def admission_timeouts(self) -> int:
+        """Waits that gave up after `timeout` seconds (monotonic)."""
+        return self._timeouts
+
+    @property
+    def admission_cancelled(self) -> int:
+        """Waits that were cancelled (monotonic)."""
+        return self._cancelled
+
+    @property
+    def admission_shed(self) -> int:
+        """Admissions refused at once because the queue was full (monotonic)."""
+        return self._shed
+
+    @property
+    def scope(self) -> LimitScope:
+        """ "process" for a process's own limit, "global" for one shared across processes."""
+        return self._scope
+
+    # --- provided by each kind -------------------------------------------------------
+
+    @property
+    def limit(self) -> int:
+        """The number of slots."""
+        raise NotImplementedError
+
+    @property
+    def active(self) -> int:
+        """Slots held (in this process) now."""
+        raise NotImplementedError
+
+    @property
+    def available(self) -> int:
+        """Slots free now; 0 while a shrunk limit drains."""
+        raise NotImplementedError
+
+    @property
+    def queue_depth(self) -> int:
+        """Tasks (of this process) waiting for a slot now."""
+        raise NotImplementedError
+
+    def try_acquire(self) -> bool:
+        """Take a free slot without waiting (never ahead of a waiter); True if taken."""
+        raise NotImplementedError
+
+    def enqueue(self) -> asyncio.Future[Admission]:
+        """Join the queue; the future ends with how the wait ended (done at once if shed)."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Give a held slot back; ValueError if none is held."""
+        raise NotImplementedError
+
+    def resize(self, limit: int) -> None:
+        """Change the number of slots; held slots are never revoked."""
+        raise NotImplementedError
+
+    def _forget(self, waiter: asyncio.Future[Admission]) -> bool:
+        """Take `waiter` out of the queue if it is still there (True), undoing what it queues."""
+        raise NotImplementedError
+
+    def _queue_full(self) -> str:
+        """What a QueueFullError says after the limit's name."""
+        return f"{self.queue_depth} tasks already waiting (max_queue={self._max_queue})"
+
+    def statistics(self) -> LimitStatistics:
+        """The limit's state now, read at once."""
+        return LimitStatistics(
+            limit=self.limit,
+            active=self.active,
+            available=self.available,
+            queue_depth=self.queue_depth,
+            admission_timeouts=self._timeouts,
+            admission_cancelled=self._cancelled,
+            admission_shed=self._shed,
+        )
+
+    def _describe(self) -> str:
+        if self._limit_name is None:
+            return type(self).__name__
+        if self._component is None:
+            return f"{self._label} {self._limit_name}"
+        return f"{self._label} {self._component}/{self._limit_name}"
+
+    # --- admission -------------------------------------------------------------------
+
+    async def acquire(self) -> Literal[True]:
+        """Take a slot, waiting in FIFO order; raises TimeoutError, QueueFullError,
+        LimitUnavailableError, or cancels (leaving the queue)."""
+        if self.try_acquire():
+            return True
+        return await self._wait()
+
+    async def __aenter__(self) -> None:
+        # acquire() without a second coroutine (asyncio's mixin awaits self.acquire()).
+        if not self.try_acquire():
+            await self._wait()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+    async def _wait(self) -> Literal[True]:
+        result = await wait_in_queue(self)
+        if result == "admitted":
+            return True
+        raise self._refused(result)
+
+    def _refused(self, refusal: Refusal) -> Exception:
+        """The exception `acquire()` raises for `refusal`."""
+        if refusal == "shed":
+            return QueueFullError(f"{self._describe()}: {self._queue_full()}")
+        if refusal == "unavailable":
+            return LimitUnavailableError(f"{self._describe()}: Redis cannot be reached")
+        return TimeoutError(f"{self._describe()}: no slot within {self._timeout} s")
+
+    def leave(self, waiter: asyncio.Future[Admission], *, cancelled: bool = True) -> None:
+        """Give up waiting: counted as cancelled (unless `cancelled` is False: the request
+        failed on its own) if the wait had not ended otherwise; a slot handed to `waiter` in
+        that same moment passes on to the next waiter, never lost."""
+        counted = int(cancelled)
+        if self._forget(waiter):
+            self._cancelled += counted
+            if not waiter.done():
+                waiter.cancel()
+        elif waiter.cancelled():  # its task was cancelled while awaiting it, still queued
+            self._cancelled += counted
+        elif waiter.result() == "admitted":
+            self._cancelled += counted
+            self.release()
+
+
+def check_count(owner: str, name: str, value: object, *, minimum: int = 0) -> None:
+    """TypeError unless `value` is an int (not a bool); ValueError if below `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{owner} {name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{owner} {name} must be >= {minimum}, got {value}")
+
+
+def check_seconds(owner: str, name: str, value: object, *, optional: bool = False) -> None:
+    """TypeError unless `value` is a number of seconds; ValueError unless > 0 and finite."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{owner} {name} must be a number of seconds, got {value!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{owner} {name} must be > 0 and finite, got {value}")

@@ -1,0 +1,155 @@
+"""The one shape of "a limit": what the observer, the status view, the middleware and the
+outbound clients read and call, whatever kind of limit it is (a process's MeteredSemaphore, a
+limit shared across processes).
+
+Admission without raising: `try_acquire()` takes a free slot at once; otherwise `enqueue()`
+returns a future that ends with an `Admission`: "admitted" (the slot is held), or a `Refusal`:
+"timeout", "shed" (the queue was full; the future is then done already) or "unavailable" (a
+shared limit could not be reached). A waiter that gives up (its client left, its task was
+cancelled) calls `leave(waiter)`, which also passes on a slot handed to it in that same moment.
+State is read as one frozen `statistics()` value, as anyio's CapacityLimiter answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Literal, Protocol, get_args
+
+__all__ = [
+    "REFUSALS",
+    "Admission",
+    "GlobalStatistics",
+    "Limit",
+    "LimitScope",
+    "LimitStatistics",
+    "LimitUnavailableError",
+    "QueueFullError",
+    "Refusal",
+    "WaitOutcome",
+    "wait_in_queue",
+]
+
+Refusal = Literal["timeout", "shed", "unavailable"]
+"""How an admission fails: no slot within the timeout, a full queue, an unreachable store."""
+Admission = Literal["admitted", Refusal]
+"""How a wait in a limit's queue ends."""
+WaitOutcome = Literal[Admission, "cancelled"]
+"""How a wait ended as its waiter saw it: an `Admission`, or it left (cancelled)."""
+LimitScope = Literal["process", "global"]
+
+REFUSALS: tuple[Refusal, ...] = get_args(Refusal)
+
+
+class QueueFullError(Exception):
+    """Raised by a limit's `acquire()` when `max_queue` tasks are already waiting."""
+
+
+class LimitUnavailableError(Exception):
+    """Raised by a shared limit's `acquire()` when its store (Redis) cannot be reached (and
+    `redis_unavailable="refuse"`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalStatistics:
+    """A limit shared across processes, across all of them as last seen (no Redis call)."""
+
+    active: int  # leases held in every process
+    queue_depth: int  # waiters queued in every process
+    connected: bool  # False while the store is known to be unreachable
+
+
+@dataclass(frozen=True, slots=True)
+class LimitStatistics:
+    """One reading of a limit's state, in plain numbers (this process's share for a global
+    limit; `available` across every process)."""
+
+    limit: int
+    active: int
+    available: int
+    queue_depth: int
+    admission_timeouts: int
+    admission_cancelled: int
+    admission_shed: int
+    admission_unavailable: int | None = None  # global limits only
+    shared: GlobalStatistics | None = None  # global limits only
+
+
+class Limit(Protocol):
+    """A concurrency limit: plain-number state read at export, and admission by slot."""
+
+    @property
+    def limit(self) -> int: ...
+    @property
+    def active(self) -> int: ...
+    @property
+    def available(self) -> int: ...
+    @property
+    def queue_depth(self) -> int: ...
+    @property
+    def admission_timeouts(self) -> int: ...
+    @property
+    def admission_cancelled(self) -> int: ...
+    @property
+    def admission_shed(self) -> int: ...
+    @property
+    def timeout(self) -> float | None: ...
+    @property
+    def max_queue(self) -> int | None: ...
+    @property
+    def component(self) -> str | None: ...
+    @property
+    def limit_name(self) -> str | None: ...
+    @property
+    def server(self) -> str | None: ...
+    @property
+    def scope(self) -> LimitScope: ...
+
+    def statistics(self) -> LimitStatistics:
+        """The limit's state now, read at once (with a global limit's extra state)."""
+        ...
+
+    def try_acquire(self) -> bool:
+        """Take a free slot without waiting (never ahead of a waiter); True if taken."""
+        ...
+
+    def enqueue(self) -> asyncio.Future[Admission]:
+        """Join the queue; the future ends with how the wait ended (done at once if shed)."""
+        ...
+
+    def leave(self, waiter: asyncio.Future[Admission], *, cancelled: bool = True) -> None:
+        """Give up waiting: counted as cancelled (if `cancelled`) unless the wait had ended;
+        a slot handed to `waiter` at that moment passes on."""
+        ...
+
+    def release(self) -> None:
+        """Give a held slot back."""
+        ...
+
+    def resize(self, limit: int) -> None:
+        """Change the number of slots; held slots are never revoked."""
+        ...
+
+    async def acquire(self) -> Literal[True]:
+        """Take a slot, waiting in FIFO order; TimeoutError / QueueFullError /
+        LimitUnavailableError, or cancellation (leaving the queue)."""
+        ...
+
+    async def __aenter__(self) -> None:
+        """`acquire()`."""
+        ...
+
+    async def __aexit__(self, *exc: object) -> None:
+        """`release()`."""
+        ...
+
+
+async def wait_in_queue(limit: Limit) -> Admission:
+    """Join `limit`'s queue and wait for how it ends; cancelled, leave the queue (a slot
+    handed over at that moment passes on) and re-raise."""
+    waiter = limit.enqueue()
+    try:
+        return await waiter
+    except asyncio.CancelledError:
+        limit.leave(waiter)
+        raise

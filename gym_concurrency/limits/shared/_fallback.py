@@ -1,0 +1,51 @@
+"""The process-local fallback of a shared limit (`redis_unavailable="local"`): while Redis
+cannot be reached, admissions go through a MeteredSemaphore of `local_max_concurrent` slots."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from ..limit import Admission
+from ..local import MeteredSemaphore
+
+__all__ = ["Fallback"]
+
+
+class Fallback:
+    """A local semaphore standing in for the shared limit while its store is away."""
+
+    __slots__ = ("_semaphore",)
+
+    def __init__(self, slots: int, max_queue: int | None) -> None:
+        self._semaphore = MeteredSemaphore(slots, max_queue=max_queue)
+
+    @property
+    def active(self) -> int:
+        """Slots held through the fallback now."""
+        return self._semaphore.active
+
+    def admit(
+        self, on_admitted: Callable[[asyncio.Future[Admission]], None]
+    ) -> Admission | asyncio.Future[Admission]:
+        """ "admitted" (a slot taken), "shed" (the local queue is full), or the future of the
+        wait in the local queue, which calls `on_admitted(future)` when it ends."""
+        semaphore = self._semaphore
+        if semaphore.try_acquire():
+            return "admitted"
+        inner = semaphore.enqueue()
+        if inner.done():
+            return "shed"
+        inner.add_done_callback(on_admitted)
+        return inner
+
+    def leave(self, inner: asyncio.Future[Admission]) -> None:
+        """Stop waiting in the local queue (a slot just handed to `inner` passes on)."""
+        self._semaphore.leave(inner)
+
+    def release(self) -> bool:
+        """Give a fallback slot back; False if none is held (the slot was a lease)."""
+        if self._semaphore.active <= 0:
+            return False
+        self._semaphore.release()
+        return True

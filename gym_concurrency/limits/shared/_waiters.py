@@ -1,0 +1,99 @@
+"""This process's waiters of one shared limit: found by their future (the caller's handle)
+and, while they queue in Redis, by their id (how Redis names them in grants)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+
+from ..limit import Admission
+
+__all__ = ["Waiter", "Waiters"]
+
+
+class Waiter:
+    """One local wait: `id` while it queues in Redis (None once it waits in the fallback),
+    `registered` once Redis has its ticket, `fallback` its future in the local fallback."""
+
+    __slots__ = ("fallback", "future", "id", "registered", "timer")
+
+    def __init__(self, ident: str | None, future: asyncio.Future[Admission]) -> None:
+        self.id = ident
+        self.future = future
+        self.registered = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.fallback: asyncio.Future[Admission] | None = None
+
+
+class Waiters:
+    """The waiters of this process in arrival order, each with its timeout timer."""
+
+    __slots__ = ("_by_future", "_by_id")
+
+    def __init__(self) -> None:
+        self._by_future: dict[asyncio.Future[Admission], Waiter] = {}
+        self._by_id: dict[str, Waiter] = {}  # queued (or queueing) in Redis
+
+    def __len__(self) -> int:
+        return len(self._by_future)
+
+    def add(
+        self,
+        waiter: Waiter,
+        timeout: float | None,
+        loop: asyncio.AbstractEventLoop,
+        on_timeout: Callable[[Waiter], None],
+    ) -> Waiter:
+        """Keep `waiter`; `on_timeout(waiter)` runs after `timeout` seconds unless it ends."""
+        self._by_future[waiter.future] = waiter
+        if waiter.id is not None:
+            self._by_id[waiter.id] = waiter
+        if timeout is not None:
+            waiter.timer = loop.call_later(timeout, on_timeout, waiter)
+        return waiter
+
+    def end(self, waiter: Waiter) -> None:
+        """Forget `waiter` (it was admitted, refused, timed out or left)."""
+        self._by_future.pop(waiter.future, None)
+        if waiter.id is not None:
+            self._by_id.pop(waiter.id, None)
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+            waiter.timer = None
+
+    def forget_id(self, waiter: Waiter) -> None:
+        """`waiter` no longer queues in Redis (it waits for the fallback, or is refused)."""
+        if waiter.id is not None:
+            self._by_id.pop(waiter.id, None)
+            waiter.id = None
+
+    def current(self, waiter: Waiter) -> bool:
+        """True while `waiter` waits here."""
+        return self._by_future.get(waiter.future) is waiter
+
+    def of(self, future: asyncio.Future[Admission]) -> Waiter | None:
+        """The waiter whose future is `future`, while it waits."""
+        return self._by_future.get(future)
+
+    def named(self, ident: str) -> Waiter | None:
+        """The waiter queued in Redis as `ident`."""
+        return self._by_id.get(ident)
+
+    @property
+    def queued_in_redis(self) -> bool:
+        """True while any waiter queues (or is being queued) in Redis."""
+        return bool(self._by_id)
+
+    def registered_ids(self, at_most: int | None = None) -> list[str]:
+        """Ids of waiters Redis has a ticket for, oldest first (`at_most` of them)."""
+        registered = (ident for ident, w in self._by_id.items() if w.registered)
+        return list(registered if at_most is None else itertools.islice(registered, at_most))
+
+    def all(self) -> list[Waiter]:
+        """Every waiter, oldest first."""
+        return list(self._by_future.values())
+
+    def clear(self) -> None:
+        self._by_future.clear()
+        self._by_id.clear()

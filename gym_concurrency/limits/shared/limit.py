@@ -1,0 +1,446 @@
+"""SharedLimit: one concurrency limit shared by every process that names it, through Redis.
+
+A slot is a lease in Redis with a unique id; one heartbeat task per limit and process renews
+all of this process's leases and waiters every `lease_seconds / 3`, so a process that dies
+loses them within `lease_seconds`. Waiters queue across processes in ticket order and are
+handed their slot by whichever process frees one (atomically, in a Lua script), then woken
+through their process's mailbox (a blocking list), with a re-check at least every second.
+The state read at export is plain numbers kept in process: no Redis call from the observer.
+
+Needs the `redis` package (the `[redis]` extra), imported only when a limit first connects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Final
+
+from .._base import LimitBase, check_count, check_seconds
+from ..limit import Admission, GlobalStatistics, LimitStatistics
+from . import scripts
+from ._checks import RedisUnavailable, check_key, check_mode, check_name, check_url
+from ._fallback import Fallback
+from ._loops import heartbeat, mailbox
+from ._store import PendingSize, RedisStore
+from ._sync import RedisSync
+from ._waiters import Waiter, Waiters
+
+__all__ = ["RedisUnavailable", "SharedLimit"]
+
+
+_CLOSE_SECONDS: Final = 2.0  # how long close() waits for in-flight Redis calls
+
+
+class SharedLimit(LimitBase):
+    """A FIFO concurrency limit shared across processes and hosts through Redis or Valkey.
+
+    The same contract as MeteredSemaphore, globally: never more than `limit` leases across all
+    processes, FIFO by ticket, `timeout` and `max_queue` (the global queue) per waiter, each
+    failed admission counted once in the process where it happened. When Redis cannot be
+    reached, `redis_unavailable="refuse"` ends an admission "unavailable" and `"local"` admits
+    it through a process-local semaphore of `local_max_concurrent` slots; both are counted in
+    `admission_unavailable`. Implements `gym_concurrency.limits.Limit`.
+    """
+
+    _scope = "global"
+    _label = "shared limit"
+
+    def __init__(
+        self,
+        value: int = 1,
+        *,
+        redis_url: str,
+        component: str | None = None,
+        limit_name: str | None = None,
+        server: str | None = None,
+        timeout: float | None = None,
+        max_queue: int | None = None,
+        key: str | None = None,
+        key_prefix: str = "gym_concurrency",
+        lease_seconds: float = 10.0,
+        redis_unavailable: RedisUnavailable = "refuse",
+        local_max_concurrent: int | None = None,
+        redis_timeout: float = 1.0,
+        max_connections: int = 64,
+    ) -> None:
+        owner = type(self).__name__
+        check_count(owner, "value", value)
+        super().__init__(
+            component=component,
+            limit_name=limit_name,
+            server=server,
+            timeout=timeout,
+            max_queue=max_queue,
+        )
+        shared_key = check_key(key, limit_name)
+        check_url(redis_url)
+        check_name("key_prefix", key_prefix)
+        check_seconds(owner, "lease_seconds", lease_seconds)
+        check_seconds(owner, "redis_timeout", redis_timeout)
+        if redis_timeout >= lease_seconds:
+            raise ValueError(
+                f"SharedLimit redis_timeout must be less than lease_seconds, got "
+                f"redis_timeout={redis_timeout} with lease_seconds={lease_seconds}"
+            )
+        check_mode(redis_unavailable, local_max_concurrent)
+        check_count(owner, "max_connections", max_connections, minimum=1)
+        self._key = shared_key
+        self._lease_seconds = float(lease_seconds)
+        self._mode: RedisUnavailable = redis_unavailable
+        self._local_max = local_max_concurrent
+        self._unavailable = 0  # monotonic, like the other failure counters
+        self._store = RedisStore(
+            redis_url=redis_url,
+            base_key=f"{key_prefix}:{{{shared_key}}}:",
+            lease_seconds=self._lease_seconds,
+            redis_timeout=float(redis_timeout),
+            max_connections=max_connections,
+            limit=value,
+            fallback_note="refused"
+            if redis_unavailable == "refuse"
+            else "admitted through the local fallback",
+            describe=self._describe(),
+        )
+        self._held: dict[str, None] = {}  # lease ids held here, in the order taken
+        self._waiters = Waiters()
+        self._fallback = (
+            Fallback(local_max_concurrent, max_queue) if local_max_concurrent is not None else None
+        )
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = 0
+        self._proc = ""
+        self._counter: Iterator[int] = itertools.count(1)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sync = RedisSync(
+            self._store,
+            self._waiters,
+            self._held,
+            max_queue=max_queue,
+            shed=self._refuse_shed,
+            unreachable=self._unsent_unreachable,
+            closed=self._is_closed,
+            describe=self._describe(),
+        )
+        self._register()
+
+    # --- state -----------------------------------------------------------------------
+
+    @property
+    def limit(self) -> int:
+        """The global number of slots, as last seen (every Redis answer carries it)."""
+        return self._store.limit
+
+    @property
+    def active(self) -> int:
+        """Slots held in this process now (leases, and fallback slots while Redis was away)."""
+        fallback = self._fallback.active if self._fallback is not None else 0
+        return len(self._held) + fallback
+
+    @property
+    def available(self) -> int:
+        """Slots free across all processes, as last seen; 0 while a shrunk limit drains."""
+        return max(0, self._store.limit - self._store.held)
+
+    @property
+    def queue_depth(self) -> int:
+        """Tasks of this process waiting for a slot now."""
+        return len(self._waiters)
+
+    @property
+    def global_active(self) -> int:
+        """Leases held across all processes, as last seen."""
+        return self._store.held
+
+    @property
+    def global_queue_depth(self) -> int:
+        """Waiters queued across all processes, as last seen."""
+        return self._store.queued
+
+    @property
+    def admission_unavailable(self) -> int:
+        """Admissions in this process that could not reach Redis: refused, or admitted
+        through the local fallback (monotonic)."""
+        return self._unavailable
+
+    @property
+    def key(self) -> str:
+        """The name every process sharing this limit uses (default: `limit_name`)."""
+        return self._key
+
+    @property
+    def redis_keys(self) -> dict[str, str]:
+        """The Redis keys of this limit by role (mailboxes are `mailbox_prefix` + process)."""
+        return dict(zip(scripts.KEY_NAMES, self._store.keys, strict=True))
+
+    @property
+    def mailbox_prefix(self) -> str:
+        """The common prefix of this limit's per-process mailbox keys."""
+        return self._store.mailbox_prefix
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long a lease outlives its process's last heartbeat."""
+        return self._lease_seconds
+
+    @property
+    def redis_unavailable(self) -> RedisUnavailable:
+        """What an admission does when Redis cannot be reached: "refuse" or "local"."""
+        return self._mode
+
+    @property
+    def local_max_concurrent(self) -> int | None:
+        """Slots of the process-local fallback ("local" mode), else None."""
+        return self._local_max
+
+    @property
+    def connected(self) -> bool:
+        """False while Redis is known to be unreachable."""
+        return not self._store.down and not self._closed
+
+    def statistics(self) -> LimitStatistics:
+        """This process's share, the global state as last seen, and `admission_unavailable`."""
+        store = self._store
+        return LimitStatistics(
+            limit=store.limit,
+            active=self.active,
+            available=self.available,
+            queue_depth=len(self._waiters),
+            admission_timeouts=self._timeouts,
+            admission_cancelled=self._cancelled,
+            admission_shed=self._shed,
+            admission_unavailable=self._unavailable,
+            shared=GlobalStatistics(store.held, store.queued, self.connected),
+        )
+
+    def locked(self) -> bool:
+        """True if an admission would wait (or fail) rather than be admitted at once."""
+        return self.available <= 0 or bool(self._waiters)
+
+    def __repr__(self) -> str:
+        name = f" {self._component}/{self._limit_name}" if self._limit_name else ""
+        return (
+            f"<{type(self).__name__}{name} key={self._key!r} limit={self.limit} "
+            f"active={self.active} queue_depth={len(self._waiters)}>"
+        )
+
+    def _describe(self) -> str:
+        if self._limit_name is None:
+            return f"SharedLimit {self._key!r}"
+        return super()._describe()
+
+    def _queue_full(self) -> str:
+        return f"the global queue is full (max_queue={self._max_queue})"
+
+    # --- admission -------------------------------------------------------------------
+
+    def try_acquire(self) -> bool:
+        """Always False: a shared slot needs a round trip to Redis, so every admission goes
+        through `enqueue()` (which never admits beyond the global limit)."""
+        return False
+
+    def enqueue(self) -> asyncio.Future[Admission]:
+        """Join the global queue: the future ends "admitted" (the slot is held), "timeout",
+        "shed" (the global queue was full) or "unavailable" (Redis could not be reached and
+        the mode is "refuse"). Never raises."""
+        loop = asyncio.get_running_loop() if self._closed else self._bind()
+        future: asyncio.Future[Admission] = loop.create_future()
+        if self._store.down or self._closed:
+            self._unreachable(self._add(Waiter(None, future), loop))
+            return future
+        waiter = self._add(Waiter(f"{self._proc}:{next(self._counter)}", future), loop)
+        self._sync.send(waiter)
+        return future
+
+    def _forget(self, waiter: asyncio.Future[Admission]) -> bool:
+        entry = self._waiters.of(waiter)
+        if entry is None:
+            return False
+        self._waiters.end(entry)
+        self._abandon(entry)
+        return True
+
+    def release(self) -> None:
+        """Give a slot of this process back (a fallback slot first, else one of its leases,
+        which Redis hands to the longest waiter). Raises ValueError if none is held."""
+        if self._fallback is not None and self._fallback.release():
+            return
+        if not self._held:
+            raise ValueError(f"{self._describe()} released with no slot held")
+        lease, _ = self._held.popitem()
+        if not self._closed:
+            self._sync.remove(lease)
+
+    def resize(self, limit: int) -> None:
+        """Set the global number of slots (in Redis: every process sees it). Growing hands
+        the new slots to waiters at once in FIFO order; shrinking never revokes a held slot.
+        Applied as soon as Redis answers (again)."""
+        check_count(type(self).__name__, "limit", limit)
+        self._store.limit = limit
+        self._store.pending = PendingSize(limit, "resize")
+        if self._loop is not None and not self._closed:
+            self._sync.spawn(self._sync.apply_size())
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def connect(self) -> bool:
+        """Start the heartbeat and the mailbox (done by the first admission anyway) and set
+        the configured size; True if Redis answered. Never raises for an unreachable Redis."""
+        if self._closed:
+            return False
+        self._bind()
+        await self._sync.apply_size()
+        await self._sync.sync()
+        return not self._store.down
+
+    async def close(self) -> None:
+        """Stop the heartbeat, end this process's waiters "unavailable", remove its leases
+        and waiters from Redis, and close the connections. Later admissions are refused
+        "unavailable" (or go to the local fallback)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._loop is None:
+            return
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.wait(self._tasks)  # (they also stop on their own once closed)
+        self._tasks = []
+        ids = list(self._held) + self._waiters.registered_ids()
+        for waiter in self._waiters.all():
+            self._waiters.end(waiter)
+            if waiter.fallback is not None and self._fallback is not None:
+                self._fallback.leave(waiter.fallback)
+            if not waiter.future.done():
+                self._unavailable += 1
+                waiter.future.set_result("unavailable")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_CLOSE_SECONDS):
+                while self._sync.background:  # registrations in flight remove what they made
+                    await asyncio.gather(*self._sync.background, return_exceptions=True)
+        ids += self._sync.unsent_ids()
+        if ids and not self._store.down:
+            with contextlib.suppress(*self._store.failures):
+                await self._store.remove(ids)
+        await self._store.aclose()
+
+    aclose = close  # for contextlib.aclosing()
+
+    # --- local waiters ---------------------------------------------------------------
+
+    def _add(self, waiter: Waiter, loop: asyncio.AbstractEventLoop) -> Waiter:
+        return self._waiters.add(waiter, self._timeout, loop, self._expire)
+
+    def _abandon(self, waiter: Waiter) -> None:
+        """Undo what `waiter` holds or queues elsewhere, now that it has ended here."""
+        if waiter.fallback is not None:
+            if self._fallback is not None:
+                self._fallback.leave(waiter.fallback)  # passes on a slot it was just handed
+        elif waiter.id is not None and waiter.registered:
+            self._sync.remove(waiter.id)
+        # not answered yet: _registered() removes what Redis made for it
+
+    def _expire(self, waiter: Waiter) -> None:
+        waiter.timer = None
+        if not self._waiters.current(waiter):
+            return
+        self._waiters.end(waiter)
+        if not waiter.future.done():  # else cancelled with its task, counted when it leaves
+            self._timeouts += 1
+            waiter.future.set_result("timeout")
+        self._abandon(waiter)
+
+    def _unreachable(self, waiter: Waiter) -> None:
+        """End `waiter` as "unavailable", or admit it through the local fallback."""
+        self._unavailable += 1
+        if self._fallback is None or self._mode == "refuse":
+            self._waiters.end(waiter)
+            waiter.future.set_result("unavailable")
+            return
+        admitted = self._fallback.admit(lambda _: self._fallback_admitted(waiter))
+        if isinstance(admitted, asyncio.Future):
+            waiter.fallback = admitted
+            return
+        self._waiters.end(waiter)
+        if admitted == "shed":  # the local queue is full too
+            self._shed += 1
+        waiter.future.set_result(admitted)
+
+    def _fallback_admitted(self, waiter: Waiter) -> None:
+        inner = waiter.fallback
+        if not self._waiters.current(waiter) or inner is None:
+            return  # it ended here (timeout, leave, close), which left the fallback
+        self._waiters.end(waiter)
+        if waiter.future.done() or inner.cancelled():  # cancelled with its task
+            if self._fallback is not None:
+                self._fallback.leave(inner)
+            return
+        waiter.future.set_result("admitted")
+
+    def _refuse_shed(self, waiter: Waiter) -> None:
+        """Redis found the global queue full for `waiter`."""
+        self._waiters.end(waiter)
+        self._shed += 1
+        waiter.future.set_result("shed")
+
+    def _unsent_unreachable(self, waiter: Waiter) -> None:
+        self._waiters.forget_id(waiter)
+        if waiter.future.done():  # cancelled with its task: counted when it leaves
+            self._waiters.end(waiter)
+        else:
+            self._unreachable(waiter)
+
+    # --- the connection ------------------------------------------------------------
+
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        """The running loop; on first use (or in a forked child) connect and start tasks."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop and self._pid == os.getpid():
+            return loop
+        if self._loop is not None and self._pid == os.getpid() and not self._loop.is_closed():
+            raise RuntimeError(f"{self._describe()} is in use on another event loop")
+        self._start(loop)
+        return loop
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._pid = os.getpid()
+        self._proc = uuid.uuid4().hex  # this process's part of every id: never reused
+        self._counter = itertools.count(1)
+        self._held.clear()
+        self._waiters.clear()
+        self._sync.start(loop)
+        self._store.start()
+        describe = self._describe()
+        self._tasks = [
+            loop.create_task(
+                heartbeat(
+                    self._store,
+                    period=self._lease_seconds / 3,
+                    sync=self._sync.sync,
+                    apply_size=self._sync.apply_size,
+                    recheck_due=self._sync.recheck_due,
+                    closed=self._is_closed,
+                    describe=describe,
+                ),
+                name=f"{describe} heartbeat",
+            ),
+            loop.create_task(
+                mailbox(
+                    self._store,
+                    self._store.mailbox_prefix + self._proc,
+                    granted=self._sync.granted,
+                    closed=self._is_closed,
+                    describe=describe,
+                ),
+                name=f"{describe} mailbox",
+            ),
+        ]
+
+    def _is_closed(self) -> bool:
+        return self._closed

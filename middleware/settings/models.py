@@ -1,0 +1,339 @@
+"""ConcurrencySettings, RouteLimit, OperationLimit, AdaptiveLimit: what to limit, how hard, and
+how to fail.
+
+Read from keyword arguments, from `GYM_CONCURRENCY_*` environment variables (JSON for the
+lists, `__` for nesting) or from a YAML / JSON file with `ConcurrencySettings.from_file`;
+keyword arguments win over the environment, and the environment over the file. Every invalid
+value fails with an error that names the field: numbers must be numbers (no booleans, no YAML
+1.1 octal or sexagesimal), and an unknown `GYM_CONCURRENCY_*` variable, two forms of one
+setting or a gap in entry indexes is an error naming the variable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from gym_concurrency.limits import LimitScope
+from gym_concurrency.limits.adaptive import Algorithm
+from gym_concurrency.names import EXECUTORS, OPERATIONS, check_member
+
+from .environment import READ_ENVIRONMENT, EnvironmentSource, environment_values
+from .files import load_mapping
+from .numbers import NumbersAreNumbers, number
+
+__all__ = [
+    "DEFAULT_MAX_QUEUED_BODY_BYTES",
+    "DEFAULT_MAX_QUEUED_BODY_BYTES_TOTAL",
+    "DEFAULT_REFUSAL_BODY_TIMEOUT_SECONDS",
+    "AdaptiveLimit",
+    "ConcurrencySettings",
+    "FailureProfile",
+    "OperationLimit",
+    "RouteLimit",
+]
+
+FailureProfile = Literal["problem", "openai", "episode"]
+
+_METHOD = re.compile(r"^[A-Z]+$")
+_Name = Annotated[str, Field(min_length=1, max_length=200)]
+_Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# Bodies of queued requests are held in memory: 1 MiB each and 64 MiB over all of them,
+# unless configured otherwise; past either bound a queued request stops being read.
+DEFAULT_MAX_QUEUED_BODY_BYTES = 1024 * 1024
+DEFAULT_MAX_QUEUED_BODY_BYTES_TOTAL = 64 * 1024 * 1024
+# How long an episode refusal waits for the rest of a body to echo its ids (a slowloris bound).
+DEFAULT_REFUSAL_BODY_TIMEOUT_SECONDS = 5.0
+
+
+class AdaptiveLimit(NumbersAreNumbers):
+    """A route limit that moves (docs/adaptive-limits.md): it follows the latency of admitted
+    requests and shrinks on overload answers (`overload_status_codes`) or exceptions from the
+    app, never below `min_concurrent` nor above `max_concurrent`. The route's `max_concurrent`
+    is where it starts. `latency_tolerance`: how many times the unloaded latency is still
+    healthy (None, AIMD only: latency is ignored, overload answers alone move it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_concurrent: int = Field(ge=1)
+    max_concurrent: int = Field(ge=1)
+    algorithm: Algorithm = "gradient"
+    latency_tolerance: float | None = Field(default=1.25, gt=1, allow_inf_nan=False)
+    overload_status_codes: tuple[int, ...] = (429, 503)
+
+    @field_validator("overload_status_codes")
+    @classmethod
+    def _status_codes(cls, codes: tuple[int, ...]) -> tuple[int, ...]:
+        for code in codes:
+            if not 100 <= code <= 599:
+                raise ValueError(f"{code} is not an HTTP status code")
+        return codes
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Self:
+        if self.min_concurrent > self.max_concurrent:
+            raise ValueError(
+                f"min_concurrent ({self.min_concurrent}) is above max_concurrent "
+                f"({self.max_concurrent})"
+            )
+        if self.algorithm == "gradient" and self.latency_tolerance is None:
+            raise ValueError("latency_tolerance: the gradient algorithm needs one (e.g. 1.25)")
+        return self
+
+
+class RouteLimit(NumbersAreNumbers):
+    """A concurrency limit on one route (its declared path template), optionally per method.
+
+    Routes naming the same `limit_name` share one limit, so they must agree on its size,
+    queue timeout and queue bound.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str
+    methods: tuple[str, ...] | None = None
+    limit_name: _Name
+    max_concurrent: int = Field(ge=1)
+    queue_timeout_seconds: _Seconds | None = None
+    max_queue: int | None = Field(default=None, ge=0)
+    failure: FailureProfile = "problem"
+    # Whole seconds; "auto": how long the queue ahead would take to clear at the measured rate.
+    retry_after_seconds: Annotated[int, Field(ge=0)] | Literal["auto"] | None = None
+    adaptive: AdaptiveLimit | None = None
+    # "global": one limit shared by every process that configures this limit_name against the
+    # same Redis (ConcurrencySettings.redis_url); "process": this process's own.
+    scope: LimitScope = "process"
+    # Slots this process admits on its own while Redis cannot be reached, with
+    # redis_unavailable="local" (None: max_concurrent).
+    local_max_concurrent: int | None = Field(default=None, ge=1)
+
+    @field_validator("retry_after_seconds", mode="before")
+    @classmethod
+    def _auto_or_a_number(cls, value: Any) -> Any:
+        # The one string allowed is "auto"; any other text must spell a decimal number.
+        if isinstance(value, str) and value.strip() != "auto":
+            return number(int, value, strings=False)
+        return value.strip() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _starts_within_its_adaptive_bounds(self) -> Self:
+        adaptive = self.adaptive
+        if adaptive is not None and not (
+            adaptive.min_concurrent <= self.max_concurrent <= adaptive.max_concurrent
+        ):
+            raise ValueError(
+                f"max_concurrent: an adaptive limit starts at max_concurrent "
+                f"({self.max_concurrent}), which must be within adaptive.min_concurrent.."
+                f"adaptive.max_concurrent ({adaptive.min_concurrent}..{adaptive.max_concurrent})"
+            )
+        return self
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_absolute(cls, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError(f"must start with '/' (a route's declared template), got {path!r}")
+        return path
+
+    @field_validator("methods", mode="before")
+    @classmethod
+    def _methods_from_one_string(cls, methods: Any) -> Any:
+        # A nested env var (GYM_CONCURRENCY_ROUTES__0__METHODS) arrives as one string:
+        # "POST", "GET,POST" or a JSON list.
+        if not isinstance(methods, str):
+            return methods
+        if methods.lstrip().startswith("["):
+            return json.loads(methods)
+        return tuple(part.strip() for part in methods.split(","))
+
+    @field_validator("methods")
+    @classmethod
+    def _methods_are_upper_case(cls, methods: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if methods is None:
+            return None
+        if not methods:
+            raise ValueError("must name at least one method, or be null for every method")
+        for method in methods:
+            if not _METHOD.match(method):
+                raise ValueError(f"{method!r} is not an upper-case HTTP method such as 'POST'")
+        if len(set(methods)) != len(methods):
+            raise ValueError(f"names a method twice: {list(methods)}")
+        return methods
+
+
+class OperationLimit(NumbersAreNumbers):
+    """A concurrency limit on work done inside routes (verifier, judge, tool), used through
+    `operation_limit(limit_name)`; `timeout_seconds` bounds the wait for a slot."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    limit_name: _Name
+    operation: str
+    executor: str
+    max_concurrent: int = Field(ge=1)
+    timeout_seconds: _Seconds | None = None
+    scope: LimitScope = "process"  # as RouteLimit.scope
+    local_max_concurrent: int | None = Field(default=None, ge=1)  # as RouteLimit's
+
+    @field_validator("operation")
+    @classmethod
+    def _known_operation(cls, operation: str) -> str:
+        return check_member("operation", operation, OPERATIONS)
+
+    @field_validator("executor")
+    @classmethod
+    def _known_executor(cls, executor: str) -> str:
+        return check_member("executor", executor, EXECUTORS)
+
+
+class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
+    """Every limit of one server: its route limits and its operation limits."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GYM_CONCURRENCY_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    component: _Name = "resources_server"
+    server_name: _Name | None = None
+    routes: list[RouteLimit] = Field(default_factory=list)
+    operations: list[OperationLimit] = Field(default_factory=list)
+    max_queued_body_bytes: int = Field(default=DEFAULT_MAX_QUEUED_BODY_BYTES, ge=0)
+    max_queued_body_bytes_total: int = Field(default=DEFAULT_MAX_QUEUED_BODY_BYTES_TOTAL, ge=0)
+    refusal_body_timeout_seconds: _Seconds = DEFAULT_REFUSAL_BODY_TIMEOUT_SECONDS
+    close_connection_on_refusal: bool = False
+    # Limits with scope="global" live in this Redis (or Valkey): redis://host:port/db.
+    redis_url: str | None = None
+    # Redis unreachable: "refuse" answers with the failure profile (reason unavailable);
+    # "local" admits through a process-local limit of local_max_concurrent slots.
+    redis_unavailable: Literal["refuse", "local"] = "refuse"
+    # A global slot is a lease, renewed by one heartbeat per process every third of this.
+    redis_lease_seconds: _Seconds = 10.0
+
+    @field_validator("routes", "operations", mode="before")
+    @classmethod
+    def _indexed_entries_are_a_list(cls, value: Any) -> Any:
+        # GYM_CONCURRENCY_ROUTES__0__PATH=/run nests as {"0": {"path": "/run"}}: a list by index.
+        if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
+            return [value[k] for k in sorted(value, key=int)]
+        return value
+
+    @model_validator(mode="after")
+    def _limits_are_consistent(self) -> Self:
+        _check_shared_route_limits(self.routes)
+        _check_no_overlapping_routes(self.routes)
+        _check_operation_names(self.operations, self.routes)
+        _check_global_limits(self)
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Keyword arguments win; the environment is read strictly (see _EnvironmentSource).
+        return init_settings, EnvironmentSource(settings_cls), dotenv_settings
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Self:
+        """Settings from a YAML (.yaml/.yml) or JSON (.json) file holding one mapping, with
+        `GYM_CONCURRENCY_*` variables winning over the file.
+
+        A variable replaces the file's value: a JSON list (`GYM_CONCURRENCY_ROUTES`) the whole
+        list, a per-field variable (`GYM_CONCURRENCY_ROUTES__0__MAX_CONCURRENT`) that field of
+        the file's entry 0 (or a new entry just past the file's last). Then the defaults.
+        """
+        path = Path(path)
+        data = load_mapping(path)
+        merged = environment_values(cls, os.environ, base=data)
+        token = READ_ENVIRONMENT.set(False)  # read just now, over the file
+        try:
+            return cls(**merged)
+        finally:
+            READ_ENVIRONMENT.reset(token)
+
+
+def _check_shared_route_limits(routes: list[RouteLimit]) -> None:
+    first: dict[str, tuple[int, RouteLimit]] = {}
+    for index, route in enumerate(routes):
+        if route.limit_name not in first:
+            first[route.limit_name] = (index, route)
+            continue
+        first_index, other = first[route.limit_name]
+        for field in ("max_concurrent", "queue_timeout_seconds", "max_queue", "adaptive"):
+            mine, theirs = getattr(route, field), getattr(other, field)
+            if mine != theirs:
+                raise ValueError(
+                    f"routes.{index}.{field}: limit_name {route.limit_name!r} is shared with "
+                    f"routes.{first_index} ({other.path}), which sets {field}={theirs!r}, but "
+                    f"this route ({route.path}) sets {mine!r}; routes sharing a limit_name "
+                    "share one limit and must agree on it"
+                )
+
+
+def _check_global_limits(settings: ConcurrencySettings) -> None:
+    entries: list[tuple[str, int, RouteLimit | OperationLimit]] = [
+        ("routes", i, r) for i, r in enumerate(settings.routes)
+    ]
+    entries += [("operations", i, o) for i, o in enumerate(settings.operations)]
+    for kind, index, limit in entries:
+        if limit.scope != "global":
+            continue
+        if settings.redis_url is None:
+            raise ValueError(
+                f"{kind}.{index}.scope: limit {limit.limit_name!r} is global, which needs "
+                "redis_url (GYM_CONCURRENCY_REDIS_URL), the Redis every process shares"
+            )
+        if isinstance(limit, RouteLimit) and limit.adaptive is not None:
+            raise ValueError(
+                f"{kind}.{index}.adaptive: an adaptive limit follows this process's own "
+                "latency; it cannot drive a global limit that other processes share"
+            )
+
+
+def _check_no_overlapping_routes(routes: list[RouteLimit]) -> None:
+    for index, route in enumerate(routes):
+        for earlier_index in range(index):
+            earlier = routes[earlier_index]
+            if earlier.path != route.path:
+                continue
+            common = _common_methods(earlier.methods, route.methods)
+            if common:
+                raise ValueError(
+                    f"routes.{index}: {route.path} {common} is already limited by "
+                    f"routes.{earlier_index}; a request can be under one route limit only"
+                )
+
+
+def _common_methods(a: Iterable[str] | None, b: Iterable[str] | None) -> str:
+    if a is None or b is None:
+        return "(every method)" if a is None and b is None else str(sorted(set(a or b or ())))
+    return str(sorted(set(a) & set(b))) if set(a) & set(b) else ""
+
+
+def _check_operation_names(operations: list[OperationLimit], routes: list[RouteLimit]) -> None:
+    route_names = {route.limit_name for route in routes}
+    seen: set[str] = set()
+    for index, operation in enumerate(operations):
+        name = operation.limit_name
+        if name in seen:
+            raise ValueError(f"operations.{index}.limit_name: {name!r} is configured twice")
+        if name in route_names:
+            raise ValueError(
+                f"operations.{index}.limit_name: {name!r} is also a route limit_name; "
+                "operation and route limits are separate limits and need distinct names"
+            )
+        seen.add(name)
