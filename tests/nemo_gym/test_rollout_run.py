@@ -138,7 +138,6 @@ def row(
     settings: str,
     first: EvalRun,
     resumed: EvalRun | None,
-    door: UpstreamDoor,
     attempts: float,
     back_to_zero: bool,
 ) -> str:
@@ -152,47 +151,87 @@ def row(
     )
 
 
+@pytest.mark.timeout(300)  # the stack's start, then the run
+def test_the_docs_own_run_completes(documented: GymStack, upstream: tuple[str, UpstreamDoor]):
+    # `gym eval run` exactly as docs/nemo-gym.md prints it (Run it), on its tasks.jsonl.
+    run = documented.eval_run(doc_args("eval run", upstream[0]))
+    assert run.returncode == 0, run.log[-6000:]
+    tasks = (documented.stack / "tasks.jsonl").read_text().splitlines()
+    assert f"Finished {len(tasks)} / {len(tasks)} rollouts (100%)" in run.log
+    assert '"mean/reward": 1.0' in run.log
+    assert (len(run.rollouts), run.failures) == (len(tasks), [])
+    assert all(row["reward"] == 1.0 for row in run.rollouts)
+    results = documented.stack / "results"
+    assert (results / "rollouts_aggregate_metrics.json").exists()
+    assert idle(documented)
+
+
+@pytest.mark.timeout(300 + RUNS * 120)  # the stack's start, then each run
 @pytest.mark.parametrize("factor", [4, 16])
 def test_documented_settings_complete_every_rollout_in_one_pass(
     documented: GymStack, upstream: tuple[str, UpstreamDoor], factor: int
 ):
     door = upstream[1]
-    rows = []
+    rows, misses = [], []
     for number in range(1, RUNS + 1):
         run = collect(documented, upstream, f"x{factor}-{number}", factor * EPISODES)
-        attempts = door.attempts / door.calls
+        attempts = door.attempts / max(door.calls, 1)
         back_to_zero = idle(documented)
-        rows.append(row(number, f"{factor}x", run, None, door, attempts, back_to_zero))
-        assert len(run.rollouts) == TASKS, run.log[-3000:]
-        assert run.failures == []  # no admission failure at all, terminal or not
-        assert door.calls == TASKS
-        assert attempts <= ATTEMPTS_PER_CALL
-        assert back_to_zero
-        wall, ideal = wall_and_ideal(run)
-        assert wall <= WALL_RATIO_CI * ideal, (wall, ideal)
-    print("\n".join(["", TABLE_HEADER, *rows]))
+        rows.append(row(number, f"{factor}x", run, None, attempts, back_to_zero))
+        wall, ideal = wall_and_ideal(run) if run.rollouts else (0.0, 0.0)
+        misses += [
+            f"run {number}: {miss}"
+            for miss, missed in [
+                (f"{len(run.rollouts)} of {TASKS} completed", len(run.rollouts) != TASKS),
+                (f"{len(run.failures)} failures", bool(run.failures)),  # terminal or not
+                (f"{door.calls} model calls", door.calls != TASKS),
+                (f"{attempts:.3f} upstream attempts per call", attempts > ATTEMPTS_PER_CALL),
+                ("a limit not back to 0", not back_to_zero),
+                (f"wall {wall:.2f} s, ideal {ideal:.2f} s", wall > WALL_RATIO_CI * ideal),
+            ]
+            if missed
+        ]
+    report(rows)
+    assert not misses, misses
 
 
+@pytest.mark.timeout(300 + RUNS * 240)
 def test_tighter_inner_limits_fail_non_terminal_and_one_resume_completes(
     tight: GymStack, upstream: tuple[str, UpstreamDoor]
 ):
     door = upstream[1]
-    rows = []
+    rows, misses = [], []
     refused = 0
     for number in range(1, RUNS + 1):
         name = f"tight-{number}"
         first = collect(tight, upstream, name, 4 * EPISODES)
         attempts = door.attempts / max(door.calls, 1)
         first_idle = idle(tight)
-        assert terminal(first.failures) == []
-        for failure in first.failures:  # each a refusal, at the stage where it was met
-            assert failure["_ng_failure_stage"] in ("agent", "verification"), failure
         refused += len(first.failures)
+        stages = {failure.get("_ng_failure_stage") for failure in first.failures}
         resumed = collect(tight, upstream, name, 4 * EPISODES, "--resume")
+        completed = len(resumed.rollouts)  # the first pass's and the resumed ones
         back_to_zero = first_idle and idle(tight)
-        rows.append(row(number, "inner tighter", first, resumed, door, attempts, back_to_zero))
-        assert terminal(resumed.failures) == []
-        assert len(resumed.rollouts) == TASKS, resumed.log[-3000:]  # the first pass's and the rest
-        assert back_to_zero
+        rows.append(row(number, "inner tighter", first, resumed, attempts, back_to_zero))
+        misses += [
+            f"run {number}: {miss}"
+            for miss, missed in [
+                ("a terminal row", bool(terminal(first.failures) + terminal(resumed.failures))),
+                (f"failures at stages {stages}", not stages <= {"agent", "verification"}),
+                (f"{completed} of {TASKS} after --resume", completed != TASKS),
+                ("a limit not back to 0", not back_to_zero),
+            ]
+            if missed
+        ]
+    report(rows)
+    print(f"{refused} rollouts refused in a first pass")
+    assert not misses, misses
+
+
+def report(rows: list[str]) -> None:
+    """The table, printed (pytest -s) and, with NEMO_GYM_E2E_TABLE set, added to that file."""
     print("\n".join(["", TABLE_HEADER, *rows]))
-    print(f"{refused} rollouts refused in a first pass, all completed by --resume")
+    table = os.environ.get("NEMO_GYM_E2E_TABLE")
+    if table:
+        with open(table, "a") as out:
+            out.write("\n".join(rows) + "\n")
