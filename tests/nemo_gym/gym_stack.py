@@ -21,13 +21,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from examples.fastapi_app import fake_model
@@ -256,13 +257,48 @@ def gym_env() -> dict[str, str]:
     return env
 
 
-def write_tasks(path: Path, count: int, first: int = 0) -> None:
-    """`count` math tasks in NeMo Gym's materialized-task rows (taskset "math")."""
+def copied_server(name: str, copy_as: str, changes: Mapping[str, Any]) -> list[str]:
+    """Hydra overrides adding to the stack a copy of its server `name` as `copy_as` (the same
+    folder, so the same code), with `changes` (dotted keys in its config) made."""
+    stack = yaml.safe_load((ROOT / "examples" / "nemo_gym" / "stack.yaml").read_text())
+    [(kind, servers)] = stack[name].items()
+    [(folder, config)] = servers.items()
+    leaves = dict(_leaves(config))
+    for key, value in changes.items():
+        assert key in leaves or key.rsplit(".", 1)[0] in dict(_leaves(config, leaf=False)), key
+        leaves[key] = value
+    return [f"+{copy_as}.{kind}.{folder}.{key}={_hydra(v)}" for key, v in leaves.items()]
+
+
+def _leaves(config: Mapping[str, Any], prefix: str = "", leaf: bool = True) -> Iterator[Any]:
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            if not leaf:
+                yield path, value
+            yield from _leaves(value, f"{path}.", leaf)
+        elif leaf:
+            yield path, value
+
+
+def _hydra(value: Any) -> str:
+    """`value` as a Hydra override value: strings quoted (a comma would be a sweep)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def write_tasks(path: Path, count: int, taskset: str = "math") -> None:
+    """`count` math tasks in NeMo Gym's materialized-task rows, of `taskset`."""
     with path.open("w") as tasks:
-        for number in range(first, first + count):
+        for number in range(count):
             answer = 7 * number
             row = {
-                "task_id": {"taskset": "math", "task_id": str(number)},
+                "task_id": {"taskset": taskset, "task_id": str(number)},
                 "task_input": {
                     "responses_create_params": {"input": f"Task {number}: the answer is {answer}."},
                     "expected_answer": str(answer),

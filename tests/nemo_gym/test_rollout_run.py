@@ -1,19 +1,24 @@
 """A NeMo Gym rollout run that finishes, every hop limited, judged by NeMo Gym's own CLI (issue 18).
 
-`gym env start` runs the example stack of docs/nemo-gym.md (examples/nemo_gym: an environment
-server whose run() calls a model server and a resources server), its model server in front of a
-fake upstream that answers after LATENCY seconds and refuses past its capacity (429). `gym eval
-run` collects TASKS rollouts through it:
+`gym env start` runs the example stack of docs/nemo-gym.md with the doc's own command
+(examples/nemo_gym: an environment server whose run() calls a model server and a resources
+server), its model server in front of a fake upstream that answers after LATENCY seconds and
+refuses past its capacity (429); beside it, copies of the environment and model servers whose
+model limit is tighter than the episode limit (taskset math_tight). `gym eval run` collects
+TASKS rollouts through it:
 
 - with the documented settings at 4x and 16x the episode limit: every rollout completes in one
-  pass, none fails, the collection's wall time is within WALL_RATIO of the ideal (tasks x the
-  mean episode time measured in that run / the limit), one upstream attempt per model call;
-- with inner limits tighter than the episode limit: no terminal row, every failure a
-  non-terminal one, and one `--resume` completes them;
+  pass, none fails, one upstream attempt per model call, and the collection's wall time within
+  NEMO_GYM_E2E_WALL_RATIO (1.5, generous: the machine is shared) of the ideal, tasks x the
+  mean episode time measured in that run / the limit (the goal, 1.15, is reported against the
+  figures in docs/nemo-gym.md);
+- with the model limit tighter than the episode limit: no terminal row, every failure a
+  non-terminal one at its stage, and one `--resume` completes them;
 - every limit of every server back to active 0 / queue 0 after every run.
 
 NEMO_GYM_E2E_RUNS=20 repeats every run 20 times (the measurement in docs/nemo-gym.md); each
-run's figures are printed as a table row (pytest -s).
+run's figures are printed as a table row (pytest -s), and added to the file
+NEMO_GYM_E2E_TABLE names, if set.
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,6 +38,7 @@ from tests.nemo_gym.gym_stack import (  # noqa: E402
     EvalRun,
     GymStack,
     UpstreamDoor,
+    copied_server,
     doc_commands,
     fake_upstream,
     gym_args,
@@ -44,16 +49,25 @@ TASKS = int(os.environ.get("NEMO_GYM_E2E_TASKS", "400"))
 RUNS = int(os.environ.get("NEMO_GYM_E2E_RUNS", "1"))
 EPISODES = 8  # stack.yaml: episodes.max_concurrent, and every inner hop's limit
 LATENCY = 0.12  # s per upstream call: an episode of about 130 ms
-WALL_RATIO = 1.15  # the goal; a busy CI machine gets WALL_RATIO_CI
-WALL_RATIO_CI = float(os.environ.get("NEMO_GYM_E2E_WALL_RATIO", "1.5"))
+WALL_RATIO = float(os.environ.get("NEMO_GYM_E2E_WALL_RATIO", "1.5"))
 ATTEMPTS_PER_CALL = 1.05
-# Inner limits tighter than the episode limit: the model server takes 3 at once (its queue
-# bounded) and the upstream 3, while 8 episodes run; the environment server does not know.
+# Inner limits tighter than the episode limit: a second environment server (taskset
+# math_tight) in front of a second model server that takes 3 at once (its queue bounded) and
+# sends the upstream 3, while 8 episodes run; the environment server does not know.
+TIGHT_TASKSET = "math_tight"
 TIGHT = [
-    "++policy_model.responses_api_models.policy_model.generation.max_concurrent=3",
-    "++policy_model.responses_api_models.policy_model.generation.max_queue=2",
-    "++policy_model.responses_api_models.policy_model.generation.queue_timeout_seconds=0.2",
-    "++policy_model.responses_api_models.policy_model.max_concurrent_upstream_calls=3",
+    *copied_server(
+        "policy_model",
+        "policy_model_tight",
+        {
+            "generation.max_concurrent": 3,
+            "generation.max_queue": 2,
+            "generation.queue_timeout_seconds": 0.2,
+            "max_concurrent_upstream_calls": 3,
+        },
+    ),
+    *copied_server("math_env", "math_env_tight", {"model_server.name": "policy_model_tight"}),
+    f"+environment_server_routes.{TIGHT_TASKSET}=math_env_tight",
 ]
 TABLE_HEADER = (
     "| run | settings | tasks | completed | terminal | non-terminal | after --resume | "
@@ -73,22 +87,13 @@ def upstream() -> Iterator[tuple[str, UpstreamDoor]]:
         yield served
 
 
-def started(folder: Path, url: str, config: list[str]) -> GymStack:
-    return GymStack(folder, doc_args("env start", url), config=config)
-
-
 @pytest.fixture(scope="module")
-def documented(tmp_path_factory: Any, upstream: tuple[str, UpstreamDoor]) -> Iterator[GymStack]:
-    with started(tmp_path_factory.mktemp("documented"), upstream[0], []) as stack:
-        yield stack
-    assert "Traceback" not in stack.log, stack.log[-4000:]  # a clean Ctrl-C
-
-
-@pytest.fixture(scope="module")
-def tight(tmp_path_factory: Any, upstream: tuple[str, UpstreamDoor]) -> Iterator[GymStack]:
-    with started(tmp_path_factory.mktemp("tight"), upstream[0], TIGHT) as stack:
-        yield stack
-    assert "Traceback" not in stack.log, stack.log[-4000:]
+def stack(tmp_path_factory: Any, upstream: tuple[str, UpstreamDoor]) -> Iterator[GymStack]:
+    """The doc's stack, started with the doc's own command, and the tight servers beside it."""
+    folder = tmp_path_factory.mktemp("stack")
+    with GymStack(folder, doc_args("env start", upstream[0]), config=TIGHT) as started:
+        yield started
+    assert "Traceback" not in started.log, started.log[-4000:]  # a clean Ctrl-C
 
 
 def collect(
@@ -97,12 +102,13 @@ def collect(
     name: str,
     concurrency: int,
     *extra: str,
+    taskset: str = "math",
 ) -> EvalRun:
-    """The doc's `gym eval run` over TASKS tasks at `concurrency`, into results/<name>.jsonl;
-    the door's counts are this run's."""
+    """The doc's `gym eval run` over TASKS tasks of `taskset` at `concurrency`, into
+    results/<name>.jsonl; the door's counts are this run's."""
     tasks = stack.stack / f"{name}-tasks.jsonl"
     if not tasks.exists():
-        write_tasks(tasks, TASKS)
+        write_tasks(tasks, TASKS, taskset)
     url, door = upstream
     args = doc_args("eval run", url)
     args[args.index("--input") + 1] = tasks.name
@@ -152,31 +158,30 @@ def row(
 
 
 @pytest.mark.timeout(300)  # the stack's start, then the run
-def test_the_docs_own_run_completes(documented: GymStack, upstream: tuple[str, UpstreamDoor]):
+def test_the_docs_own_run_completes(stack: GymStack, upstream: tuple[str, UpstreamDoor]):
     # `gym eval run` exactly as docs/nemo-gym.md prints it (Run it), on its tasks.jsonl.
-    run = documented.eval_run(doc_args("eval run", upstream[0]))
+    run = stack.eval_run(doc_args("eval run", upstream[0]))
     assert run.returncode == 0, run.log[-6000:]
-    tasks = (documented.stack / "tasks.jsonl").read_text().splitlines()
+    tasks = (stack.stack / "tasks.jsonl").read_text().splitlines()
     assert f"Finished {len(tasks)} / {len(tasks)} rollouts (100%)" in run.log
     assert '"mean/reward": 1.0' in run.log
     assert (len(run.rollouts), run.failures) == (len(tasks), [])
     assert all(row["reward"] == 1.0 for row in run.rollouts)
-    results = documented.stack / "results"
-    assert (results / "rollouts_aggregate_metrics.json").exists()
-    assert idle(documented)
+    assert (stack.stack / "results" / "rollouts_aggregate_metrics.json").exists()
+    assert idle(stack)
 
 
 @pytest.mark.timeout(300 + RUNS * 120)  # the stack's start, then each run
 @pytest.mark.parametrize("factor", [4, 16])
 def test_documented_settings_complete_every_rollout_in_one_pass(
-    documented: GymStack, upstream: tuple[str, UpstreamDoor], factor: int
+    stack: GymStack, upstream: tuple[str, UpstreamDoor], factor: int
 ):
     door = upstream[1]
     rows, misses = [], []
     for number in range(1, RUNS + 1):
-        run = collect(documented, upstream, f"x{factor}-{number}", factor * EPISODES)
+        run = collect(stack, upstream, f"x{factor}-{number}", factor * EPISODES)
         attempts = door.attempts / max(door.calls, 1)
-        back_to_zero = idle(documented)
+        back_to_zero = idle(stack)
         rows.append(row(number, f"{factor}x", run, None, attempts, back_to_zero))
         wall, ideal = wall_and_ideal(run) if run.rollouts else (0.0, 0.0)
         misses += [
@@ -187,7 +192,7 @@ def test_documented_settings_complete_every_rollout_in_one_pass(
                 (f"{door.calls} model calls", door.calls != TASKS),
                 (f"{attempts:.3f} upstream attempts per call", attempts > ATTEMPTS_PER_CALL),
                 ("a limit not back to 0", not back_to_zero),
-                (f"wall {wall:.2f} s, ideal {ideal:.2f} s", wall > WALL_RATIO_CI * ideal),
+                (f"wall {wall:.2f} s, ideal {ideal:.2f} s", wall > WALL_RATIO * ideal),
             ]
             if missed
         ]
@@ -197,21 +202,21 @@ def test_documented_settings_complete_every_rollout_in_one_pass(
 
 @pytest.mark.timeout(300 + RUNS * 240)
 def test_tighter_inner_limits_fail_non_terminal_and_one_resume_completes(
-    tight: GymStack, upstream: tuple[str, UpstreamDoor]
+    stack: GymStack, upstream: tuple[str, UpstreamDoor]
 ):
     door = upstream[1]
     rows, misses = [], []
     refused = 0
     for number in range(1, RUNS + 1):
         name = f"tight-{number}"
-        first = collect(tight, upstream, name, 4 * EPISODES)
+        first = collect(stack, upstream, name, 4 * EPISODES, taskset=TIGHT_TASKSET)
         attempts = door.attempts / max(door.calls, 1)
-        first_idle = idle(tight)
+        first_idle = idle(stack)
         refused += len(first.failures)
         stages = {failure.get("_ng_failure_stage") for failure in first.failures}
-        resumed = collect(tight, upstream, name, 4 * EPISODES, "--resume")
+        resumed = collect(stack, upstream, name, 4 * EPISODES, "--resume", taskset=TIGHT_TASKSET)
         completed = len(resumed.rollouts)  # the first pass's and the resumed ones
-        back_to_zero = first_idle and idle(tight)
+        back_to_zero = first_idle and idle(stack)
         rows.append(row(number, "inner tighter", first, resumed, attempts, back_to_zero))
         misses += [
             f"run {number}: {miss}"

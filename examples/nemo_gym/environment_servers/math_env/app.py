@@ -27,7 +27,6 @@ from nemo_gym.config_types import (
 )
 from nemo_gym.episode_types import BaseEpisodeRequest, BaseEpisodeResponse
 from nemo_gym.global_config import get_first_server_config_dict
-from nemo_gym.openai_utils import NeMoGymResponse
 from pydantic import BaseModel, PositiveInt, PrivateAttr
 
 from gym_concurrency import MeteredSemaphore
@@ -41,7 +40,7 @@ class MathTask(BaseModel):
 
 class MathResult(BaseModel):
     reward: float
-    response: NeMoGymResponse  # an object: the collector's aggregation reads its usage
+    response: dict[str, Any]  # the model's, as it came: the collector's aggregation reads its usage
     elapsed_seconds: float  # how long the episode ran (NeMo Gym's name for it)
 
 
@@ -109,13 +108,13 @@ class MathEnvironmentServer(BaseEnvironmentServer[MathRequest, MathResponse]):
         with refusals_as_episode_failures("agent"):  # a refusal: a non-terminal failure
             answer = await self._model.post("/v1/responses", json=task.responses_create_params)
             answer.raise_for_status()
-        response = NeMoGymResponse.model_validate(answer.json())
+        response = answer.json()  # the verifier validates it as NeMo Gym's response
         with refusals_as_episode_failures("verification"):
             verdict = await self._verifier.post(
                 "/verify",
                 json={
                     "responses_create_params": task.responses_create_params,
-                    "response": answer.json(),
+                    "response": response,
                     "expected_answer": task.expected_answer,
                 },
             )
