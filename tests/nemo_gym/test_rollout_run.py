@@ -23,8 +23,11 @@ NEMO_GYM_E2E_TABLE names, if set.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import statistics
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,7 +37,11 @@ from tests.nemo_gym.requires import skip_module_without_nemo_gym
 
 skip_module_without_nemo_gym()
 
+import httpx  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
 from tests.nemo_gym.gym_stack import (  # noqa: E402
+    SERVERS,
     EvalRun,
     GymStack,
     UpstreamDoor,
@@ -42,8 +49,10 @@ from tests.nemo_gym.gym_stack import (  # noqa: E402
     doc_commands,
     fake_upstream,
     gym_args,
+    gym_env,
     write_tasks,
 )
+from tests.servers import free_port, wait_until  # noqa: E402
 
 TASKS = int(os.environ.get("NEMO_GYM_E2E_TASKS", "400"))
 RUNS = int(os.environ.get("NEMO_GYM_E2E_RUNS", "1"))
@@ -231,6 +240,56 @@ def test_tighter_inner_limits_fail_non_terminal_and_one_resume_completes(
     report(rows)
     print(f"{refused} rollouts refused in a first pass")
     assert not misses, misses
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("server", sorted(SERVERS))
+def test_a_server_stops_cleanly_on_sigterm(stack: GymStack, server: str):
+    # One more instance of each server, launched as `gym env start` launches it (its folder's
+    # venv python, the head server's config in NEMO_GYM_CONFIG_DICT) on a port of its own.
+    # Its ray_enabled = False: it joins no Ray cluster, and SIGTERM is uvicorn's clean stop.
+    head = f"http://127.0.0.1:{stack.head_port}"
+    config = OmegaConf.create(json.loads(httpx.get(f"{head}/global_config_dict_yaml").text))
+    [kind] = config[server]
+    port = free_port()
+    config[server][kind][SERVERS[server].rsplit("/", 1)[1]].port = port
+    folder = stack.stack / SERVERS[server]
+    env = {
+        **gym_env(),
+        "NEMO_GYM_CONFIG_DICT": OmegaConf.to_yaml(config),
+        "NEMO_GYM_CONFIG_PATH": server,
+        "PYTHONPATH": str(folder),
+    }
+    process = subprocess.Popen(
+        [str(folder / ".venv" / "bin" / "python"), "app.py"],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_until(lambda: _serving(port) or process.poll() is not None, 120, f"{server} to serve")
+        assert process.poll() is None, process.communicate()[0].decode(errors="replace")
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=30)[0].decode(errors="replace")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, output
+    assert "Finished server process" in output
+    assert "Traceback" not in output
+    assert "CancelledError" not in output
+    assert "Ray cluster" not in output, output  # no Ray at all
+    assert "ray_enabled" not in output, output
+
+
+def _serving(port: int) -> bool:
+    try:
+        httpx.get(f"http://127.0.0.1:{port}/concurrency", timeout=1)
+        return True
+    except httpx.TransportError:
+        return False
 
 
 def report(rows: list[str]) -> None:
