@@ -186,9 +186,10 @@ def _fresh_venv_checks() -> list[str]:
     code = (
         "import importlib.util, sys\n"
         "import nemo_gym.cli.env, nemo_gym.cli.eval, nemo_gym.rollout_collection\n"
-        f"for path in {apps!r}:\n"
-        "    spec = importlib.util.spec_from_file_location(path.replace('/', '_'), path)\n"
-        "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        f"for number, path in enumerate({apps!r}):\n"
+        "    spec = importlib.util.spec_from_file_location(f'app{number}', path)\n"
+        "    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)\n"
+        "    spec.loader.exec_module(module)\n"
         "assert sys.prefix.endswith('.venv'), sys.prefix\n"
         "print('fresh venv: every server imports')\n"
     )

@@ -276,7 +276,8 @@ def test_a_server_stops_cleanly_on_sigterm(stack: GymStack, server: str):
         if process.poll() is None:
             process.kill()
             process.wait()
-    assert process.returncode == 0, output
+    # uvicorn stops, then ends itself with the signal it caught, as a process stopped by it.
+    assert process.returncode == -signal.SIGTERM, output
     assert "Finished server process" in output
     assert "Traceback" not in output
     assert "CancelledError" not in output
