@@ -177,10 +177,10 @@ def _refusal_in_response(status: int, body: bytes | None, url: str) -> RefusalMe
     document = _json_object(body)
     error = document.get("error")
     if isinstance(error, Mapping):  # the openai profile
-        kind = _OPENAI_KINDS.get(error.get("code"))  # type: ignore[arg-type]
+        kind = _OPENAI_KINDS.get(str(error.get("code")))
         text = error.get("message")
     else:  # the problem profile
-        kind = _PROBLEM_KINDS.get(document.get("type"))  # type: ignore[arg-type]
+        kind = _PROBLEM_KINDS.get(str(document.get("type")))
         text = document.get("detail")
     if kind is not None:
         return RefusalMet(kind, f"{url} answered {status}: {text}")
