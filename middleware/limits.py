@@ -11,6 +11,7 @@ queue bound, its scope or the metric attributes, is refused first), then carried
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,8 +40,10 @@ __all__ = ["LIMITS_SCOPE_KEY", "ConcurrencyLimits", "LimitPlan", "LimitedOperati
 LIMITS_SCOPE_KEY = "gym_concurrency.limits"
 
 # What a reload may not change on a running limit (its waiters were admitted under them).
-_FIXED_ROUTE_FIELDS = ("queue_timeout_seconds", "max_queue", "scope")
-_FIXED_OPERATION_FIELDS = ("timeout_seconds", "scope")
+_FIXED_ROUTE_FIELDS = ("queue_timeout_seconds", "max_queue", "scope", "local_max_concurrent")
+_FIXED_OPERATION_FIELDS = ("timeout_seconds", "scope", "local_max_concurrent")
+# ... nor where its global limits live (they connected to it at start).
+_FIXED_SHARED_SETTINGS = ("redis_url", "redis_unavailable", "redis_lease_seconds")
 # A client limit's controller lives in every transport made from it: moving it needs a restart.
 _FIXED_CLIENT_FIELDS = ("timeout_seconds", "max_queue", "scope", "adaptive")
 # Said in a plan's first line (size and how it moves), not as a field of its own.
@@ -162,6 +165,8 @@ class ConcurrencyLimits:
             observe_concurrency(meter_provider)
         if previous is not None:
             _check_same_attributes(previous.settings, settings)
+            if previous.shared():
+                _check_shared_settings(previous.settings, settings)
         self._previous = previous
         self._route_plans: dict[str, LimitPlan] = {}
         self.routes = [self._limited_route(i, config) for i, config in enumerate(settings.routes)]
@@ -204,7 +209,7 @@ class ConcurrencyLimits:
             if name not in self.clients
         ]
         changes += [  # settings of every limit: the body bounds, close_connection_on_refusal
-            f"{field} {old!r} -> {new!r}"
+            f"{field} {_shown(field, old)} -> {_shown(field, new)}"
             for field, old, new in _changed_fields(previous.settings, self.settings)
             if field not in ("routes", "operations", "clients")
         ]
@@ -366,6 +371,23 @@ def _check_same_attributes(old: ConcurrencySettings, new: ConcurrencySettings) -
             raise ValueError(
                 f"{field}: the running limits report as {before!r}; a reload cannot change it "
                 f"to {after!r} (restart the server)"
+            )
+
+
+def _shown(field: str, value: object) -> str:
+    """`value` for a log line: a Redis URL without its password."""
+    if field == "redis_url" and isinstance(value, str):
+        return repr(re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", value))
+    return repr(value)
+
+
+def _check_shared_settings(old: ConcurrencySettings, new: ConcurrencySettings) -> None:
+    """A reload cannot move running global limits to another Redis, mode or lease."""
+    for field, _, _ in _changed_fields(old, new):
+        if field in _FIXED_SHARED_SETTINGS:
+            raise ValueError(
+                f"{field}: the running global limits were made with the old value; a reload "
+                "cannot change it (restart the server)"
             )
 
 

@@ -110,7 +110,10 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         slot is held), "timeout", or is "shed" already if `max_queue` tasks wait. Never raises."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Admission] = loop.create_future()
-        if self._max_queue is not None and len(self._queue) >= self._max_queue:
+        # Never shed while a slot is free (held back only for a waiter handed one, not yet
+        # resumed): the request waits for that hand-over instead.
+        full = self._max_queue is not None and len(self._queue) >= self._max_queue
+        if full and self._active >= self._limit:
             self._shed += 1
             waiter.set_result("shed")
             return waiter
