@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from gym_concurrency import LimitUnavailableError, QueueFullError
+from gym_concurrency.clients import RetryPolicy
 from gym_concurrency.limits import Refusal
 
 from .failures import EPISODE_FAILURE_REFUSALS, OPENAI_CODES, PROBLEM_TYPES
@@ -49,7 +50,7 @@ __all__ = [
 EpisodeStage = Literal["admission", "seed", "agent", "verification", "cleanup"]
 # The statuses an outbound RetryPolicy retries by default: one that still ends the call means
 # the hop was overloaded past what the retries (or their budget) could wait out.
-REFUSAL_STATUSES = frozenset({429, 502, 503, 504})
+REFUSAL_STATUSES = frozenset(RetryPolicy().statuses)
 RefusalKind = Literal[
     "admission_timeout", "queue_full", "limit_unavailable", "timeout", "overloaded"
 ]
