@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Generic, TypeVar
 
 from opentelemetry import metrics
-from opentelemetry.metrics import Histogram, Meter, MeterProvider, NoOpMeterProvider
+from opentelemetry.metrics import Counter, Histogram, Meter, MeterProvider, NoOpMeterProvider
 
 from .names import METER_NAME
 
@@ -99,8 +99,8 @@ class PerMeter(Generic[T]):
 
 
 class SafeRecorder:
-    """Records histogram points; an SDK failure is logged (the first with its traceback, later
-    ones at debug level) and never raised into the work being measured."""
+    """Records histogram points and counter increments; an SDK failure is logged (the first
+    with its traceback, later ones at debug level) and never raised into the work measured."""
 
     __slots__ = ("_failures",)
 
@@ -112,11 +112,21 @@ class SafeRecorder:
         try:
             histogram.record(value, attributes)
         except Exception:  # an exporter or SDK bug must not fail the request or the operation
-            self._failures += 1
-            name = getattr(histogram, "name", "a histogram")
-            if self._failures == 1:
-                _log.exception(
-                    "gym_concurrency: recording %s failed (further failures logged at debug)", name
-                )
-            else:
-                _log.debug("gym_concurrency: recording %s failed again", name)
+            self._failed(histogram)
+
+    def add(self, counter: Counter, amount: int, attributes: Mapping[str, str]) -> None:
+        """Add `amount` to `counter`, whatever the SDK does."""
+        try:
+            counter.add(amount, attributes)
+        except Exception:  # as for record()
+            self._failed(counter)
+
+    def _failed(self, instrument: object) -> None:
+        self._failures += 1
+        name = getattr(instrument, "name", "an instrument")
+        if self._failures == 1:
+            _log.exception(
+                "gym_concurrency: recording %s failed (further failures logged at debug)", name
+            )
+        else:
+            _log.debug("gym_concurrency: recording %s failed again", name)

@@ -62,11 +62,25 @@ OPERATION_BOUNDARIES_MS: Final[tuple[float, ...]] = (
     1800000,
 )
 
+# Outbound calls (gym_concurrency.clients), each with the attributes of the limit they go through.
+CLIENT_RETRIES_INSTRUMENT: Final = "gym.concurrency.client.retries"
+CLIENT_RETRIES_DENIED_INSTRUMENT: Final = "gym.concurrency.client.retries_denied"
+CLIENT_BACKOFF_DURATION_INSTRUMENT: Final = "gym.concurrency.client.backoff_duration_ms"
+
+RETRY_REASON_ATTRIBUTE: Final = "nemo.gym.concurrency.retry_reason"
+RETRY_DENIED_REASON_ATTRIBUTE: Final = "nemo.gym.concurrency.retry_denied_reason"
+BACKOFF_SOURCE_ATTRIBUTE: Final = "nemo.gym.concurrency.backoff_source"
+
+RETRY_REASONS: Final = frozenset({"status", "connection", "timeout"})
+RETRY_DENIED_REASONS: Final = frozenset({"attempts", "budget", "deadline", "retry_after_too_long"})
+BACKOFF_SOURCES: Final = frozenset({"retry_after", "backoff"})
+
 METER_NAME: Final = "gym_concurrency"
 
 SLOT_UNIT: Final = "{slot}"
 REQUEST_UNIT: Final = "{request}"
 OPERATION_UNIT: Final = "{operation}"
+RETRY_UNIT: Final = "{retry}"
 MILLISECONDS_UNIT: Final = "ms"
 
 

@@ -1,25 +1,38 @@
 """ASGI and FastAPI integration layer for gym_concurrency (installed as gym_concurrency.middleware).
 
 Per-route admission with documented failure responses (`ConcurrencyLimitMiddleware`), its
-settings (`ConcurrencySettings`, `RouteLimit`, `OperationLimit`), and dependency handles that
-put verifier / judge / tool work under a metered limit (`operation_limit`), and a live
-status view of every limit (`ConcurrencyStatusView`).
+settings (`ConcurrencySettings`, `RouteLimit`, `OperationLimit`, `ClientLimit`), dependency
+handles that put verifier / judge / tool work under a metered limit (`operation_limit`), the
+configured limits on the calls the server makes (`limited_client`), and a live status view of
+every limit (`ConcurrencyStatusView`).
 """
 
 from .admission import ConcurrencyLimitMiddleware, concurrency_middleware, reload_settings
+from .clients import LimitedClient, limited_client
 from .dependencies import OperationHandle, operation_limit
-from .settings import AdaptiveLimit, ConcurrencySettings, OperationLimit, RouteLimit
+from .settings import (
+    AdaptiveLimit,
+    ClientLimit,
+    ClientRetry,
+    ConcurrencySettings,
+    OperationLimit,
+    RouteLimit,
+)
 from .status import ConcurrencyStatusView, status_snapshot
 
 __all__ = [
     "AdaptiveLimit",
+    "ClientLimit",
+    "ClientRetry",
     "ConcurrencyLimitMiddleware",
     "ConcurrencySettings",
     "ConcurrencyStatusView",
+    "LimitedClient",
     "OperationHandle",
     "OperationLimit",
     "RouteLimit",
     "concurrency_middleware",
+    "limited_client",
     "operation_limit",
     "reload_settings",
     "status_snapshot",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.metrics import MeterProvider
@@ -35,6 +36,10 @@ _log = logging.getLogger("gym_concurrency.middleware")
 # The middleware leaves itself on the app it limits, `app.state.gym_concurrency`, once it has
 # read the app's routes (lifespan startup, or the first request): for `reload_settings(app)`.
 STATE_ATTRIBUTE = "gym_concurrency"
+# Where a middleware leaves itself (and the app it limits) in the lifespan scope, and in the
+# scope of the first request it builds its routes on, for any ConcurrencyLimitMiddleware inside
+# it: a second one on the same app is an error.
+_OUTER_SCOPE_KEY = "gym_concurrency.middleware"
 
 
 class ConcurrencyConfigError(RuntimeError):
@@ -46,7 +51,10 @@ class ConcurrencyLimitMiddleware:
     """Per-route concurrency limits from `settings` (default: read from the environment).
 
     Routes are read from `scope["app"]` at lifespan startup (a bad path fails the start), or
-    on the first request when the server runs without lifespan.
+    on the first request when the server runs without lifespan. `bypass(scope)` returning
+    True sends a request on a limited route to the app at once, outside its limit and
+    uncounted: for requests the app rejects before any work (no credentials, for an auth
+    middleware that must run inside this one).
     """
 
     def __init__(
@@ -55,9 +63,14 @@ class ConcurrencyLimitMiddleware:
         *,
         settings: ConcurrencySettings | None = None,
         meter_provider: MeterProvider | None = None,
+        bypass: Callable[[Scope], bool] | None = None,
     ) -> None:
+        if bypass is not None and not callable(bypass):
+            raise TypeError(f"bypass must be a callable taking the ASGI scope, got {bypass!r}")
         self.app = app
+        self._bypass = bypass
         self._config_error: str | None = None
+        self._from_environment = settings is None
         if settings is None:
             try:
                 settings = ConcurrencySettings()  # from the environment
@@ -97,7 +110,7 @@ class ConcurrencyLimitMiddleware:
         if self._operations:  # for operation_limit dependencies
             scope[LIMITS_SCOPE_KEY] = self.limits
         route = table.resolve(scope)
-        if route is None:
+        if route is None or (self._bypass is not None and self._bypass(scope)):
             await self.app(scope, receive, send)
             return
         limit = route.limit
@@ -127,6 +140,7 @@ class ConcurrencyLimitMiddleware:
             self._recorder.record(histogram, 0.0, attributes)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._check_alone(scope)
         message = await receive()
         if message["type"] == "lifespan.startup" and self._config_error is not None:
             await send({"type": "lifespan.startup.failed", "message": self._config_error})
@@ -196,6 +210,7 @@ class ConcurrencyLimitMiddleware:
     def _build(self, scope: Scope) -> RouteTable[LimitedRoute] | None:
         """Compile the route table from the app and check operation names, once; None (with
         `_config_error` set) if the settings do not fit the app."""
+        self._check_alone(scope)
         if self._config_error is not None:
             return None
         app = scope.get("app", self.app)
@@ -214,6 +229,47 @@ class ConcurrencyLimitMiddleware:
         if state is not None:  # a Starlette / FastAPI app: reachable for reload_settings(app)
             setattr(state, STATE_ATTRIBUTE, self)
         return table
+
+    def _check_alone(self, scope: Scope) -> None:
+        """Leave this middleware in `scope` for any inside it; if one outside it limits the
+        same app, both fail (`_config_error`, logged once) naming both."""
+        app = scope.get("app", self.app)
+        found = scope.get(_OUTER_SCOPE_KEY)
+        if found is None or found[0] is self:
+            scope[_OUTER_SCOPE_KEY] = (self, app)
+            return
+        outer, outer_app = found
+        if outer_app is not app and outer_app is not self:  # e.g. a mounted app's own
+            scope[_OUTER_SCOPE_KEY] = (self, app)
+            return
+        if self._config_error is not None:
+            return
+        error = (
+            "gym_concurrency: ConcurrencyLimitMiddleware is added twice to this app "
+            "(app.add_middleware run twice, or by an app factory and again by its caller): "
+            f"the outer one: {outer._describe()}; the inner one: {self._describe()}. A request "
+            "the outer one admits then waits again in the inner one's queue, so both count slots "
+            "no request uses. Keep one: one middleware takes every route and operation limit."
+        )
+        _log.error("%s", error)
+        self._config_error = error
+        outer._config_error = outer._config_error or error
+        outer._table = None  # built already (a first request): it answers "misconfigured" too
+
+    def _describe(self) -> str:
+        """This middleware's component and limits, to tell it from another."""
+        settings = self.settings
+        source = " (settings from GYM_CONCURRENCY_* variables)" if self._from_environment else ""
+        limits = [
+            f"route limit {r.limit_name!r} ("
+            + (f"{'|'.join(r.methods)} {r.path}" if r.methods else r.path)
+            + f", {r.max_concurrent})"
+            for r in settings.routes
+        ]
+        limits += [
+            f"operation limit {o.limit_name!r} ({o.max_concurrent})" for o in settings.operations
+        ]
+        return f"component {settings.component!r}{source}, " + (", ".join(limits) or "no limits")
 
     def reload(self, settings: ConcurrencySettings) -> list[str]:
         """Apply new settings to the running middleware, all or nothing, and return what

@@ -51,7 +51,7 @@ _NULL = b"null"
 class RouteFailures:
     """The failure responses of one route, one per reason, encoded once."""
 
-    __slots__ = ("_bodies", "_headers", "_retry_after", "episode", "status")
+    __slots__ = ("_bodies", "_headers", "_retry_after", "_with_ms", "episode", "status")
 
     def __init__(
         self,
@@ -67,8 +67,11 @@ class RouteFailures:
         headers = [(b"content-type", content_type)]
         # `retry_after` (Retry-After auto): computed for each refusal, from the drain rate.
         self._retry_after = None if self.episode else retry_after
+        # The openai profile also says it in milliseconds, as OpenAI's API does (its client
+        # reads `retry-after-ms` first).
+        self._with_ms = route.failure == "openai"
         if not self.episode and retry_after is None:
-            headers.append((b"retry-after", str(retry_after_seconds(route)).encode()))
+            headers += self._retry_after_headers(retry_after_seconds(route))
         if close_connection:  # a client that retries at once pays a reconnect
             headers.append((b"connection", b"close"))
         self._headers = headers
@@ -88,9 +91,15 @@ class RouteFailures:
         # A fresh headers list each time: outer middlewares may append to it in place.
         headers = [*self._headers, (b"content-length", b"%d" % len(body))]
         if self._retry_after is not None:
-            headers.append((b"retry-after", b"%d" % self._retry_after()))
+            headers += self._retry_after_headers(self._retry_after())
         await send({"type": "http.response.start", "status": self.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+    def _retry_after_headers(self, seconds: int) -> list[tuple[bytes, bytes]]:
+        headers = [(b"retry-after", b"%d" % seconds)]
+        if self._with_ms:
+            headers.append((b"retry-after-ms", b"%d" % (seconds * 1000)))
+        return headers
 
 
 def retry_after_seconds(route: RouteLimit) -> int:

@@ -1,5 +1,6 @@
-"""The limits one middleware makes from its settings: one per route limit_name and one per
-operation limit, each carrying the settings' component and server name.
+"""The limits one middleware makes from its settings: one per route limit_name, one per
+operation limit and one per client limit, each carrying the settings' component and server
+name.
 
 Made again from new settings (`previous=`, a reload), the limits keep their running limits by
 limit_name: held slots and waiters stay where they are. What changes is a typed plan, checked
@@ -10,6 +11,7 @@ queue bound, its scope or the metric attributes, is refused first), then carried
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,8 +30,9 @@ from gym_concurrency.names import (
 )
 
 from .adaptive_route import RouteFeedback, controller_for
+from .clients import LimitedClient
 from .failures import RouteFailures
-from .settings import ConcurrencySettings, OperationLimit, RouteLimit
+from .settings import ClientLimit, ConcurrencySettings, OperationLimit, RouteLimit
 
 __all__ = ["LIMITS_SCOPE_KEY", "ConcurrencyLimits", "LimitPlan", "LimitedOperation", "LimitedRoute"]
 
@@ -37,8 +40,17 @@ __all__ = ["LIMITS_SCOPE_KEY", "ConcurrencyLimits", "LimitPlan", "LimitedOperati
 LIMITS_SCOPE_KEY = "gym_concurrency.limits"
 
 # What a reload may not change on a running limit (its waiters were admitted under them).
-_FIXED_ROUTE_FIELDS = ("queue_timeout_seconds", "max_queue", "scope")
-_FIXED_OPERATION_FIELDS = ("timeout_seconds", "scope")
+_FIXED_ROUTE_FIELDS = ("queue_timeout_seconds", "max_queue", "scope", "local_max_concurrent")
+_FIXED_OPERATION_FIELDS = ("timeout_seconds", "scope", "local_max_concurrent")
+# ... nor where its global limits live (they connected to it at start).
+_FIXED_SHARED_SETTINGS = (
+    "redis_url",
+    "redis_unavailable",
+    "redis_lease_seconds",
+    "redis_key_prefix",
+)
+# A client limit's controller lives in every transport made from it: moving it needs a restart.
+_FIXED_CLIENT_FIELDS = ("timeout_seconds", "max_queue", "scope", "adaptive")
 # Said in a plan's first line (size and how it moves), not as a field of its own.
 _SIZE_FIELDS = frozenset({"max_concurrent", "adaptive"})
 
@@ -68,12 +80,13 @@ class LimitPlan:
     """What new settings do to one limit: add it, or change a running one (its size, the
     controller that moves it, its other settings). Carried out by `apply()`."""
 
-    kind: Literal["route", "operation"]
+    kind: Literal["route", "operation", "client"]
     limit: Limit
-    config: RouteLimit | OperationLimit
-    previous: RouteLimit | OperationLimit | None = None  # None: a new limit
+    config: RouteLimit | OperationLimit | ClientLimit
+    previous: RouteLimit | OperationLimit | ClientLimit | None = None  # None: a new limit
     feedback: RouteFeedback | None = None
     old_limiter: AdaptiveLimiter | None = None  # the controller moving it until now
+    client: LimitedClient | None = None  # a client limit's transports' source
 
     @property
     def name(self) -> str:
@@ -98,6 +111,16 @@ class LimitPlan:
     def _move(self) -> str:
         """Resize the limit or hand it to its controller; how it moves (", static" ...)."""
         config = self.config
+        if isinstance(config, ClientLimit):
+            assert self.client is not None
+            self.client.reconfigure(config)  # the retry policy of every transport made from it
+            adaptive_client = config.adaptive
+            if adaptive_client is not None:  # its controller moves it (from max_concurrent)
+                bounds = f"{adaptive_client.min_concurrent}..{adaptive_client.max_concurrent}"
+                return f", adaptive ({adaptive_client.algorithm}, {bounds})"
+            if self.limit.limit != config.max_concurrent:
+                self.limit.resize(config.max_concurrent)
+            return ""
         if not isinstance(config, RouteLimit):  # an operation limit: a fixed size
             if self.limit.limit != config.max_concurrent:
                 self.limit.resize(config.max_concurrent)
@@ -147,6 +170,8 @@ class ConcurrencyLimits:
             observe_concurrency(meter_provider)
         if previous is not None:
             _check_same_attributes(previous.settings, settings)
+            if previous.shared():
+                _check_shared_settings(previous.settings, settings)
         self._previous = previous
         self._route_plans: dict[str, LimitPlan] = {}
         self.routes = [self._limited_route(i, config) for i, config in enumerate(settings.routes)]
@@ -156,12 +181,19 @@ class ConcurrencyLimits:
             plan = self._operation_plan(index, config)
             self._operation_plans.append(plan)
             self.operations[config.limit_name] = LimitedOperation(config, plan.limit)
+        self.clients: dict[str, LimitedClient] = {}
+        self._client_plans: list[LimitPlan] = []
+        for index, client_config in enumerate(settings.clients):
+            plan = self._client_plan(index, client_config)
+            self._client_plans.append(plan)
+            assert plan.client is not None
+            self.clients[client_config.limit_name] = plan.client
         if previous is None:
             self.apply()
 
     def apply(self) -> list[str]:
         """Make the running limits what these settings say; what changed, one line each."""
-        plans = [*self._route_plans.values(), *self._operation_plans]
+        plans = [*self._route_plans.values(), *self._operation_plans, *self._client_plans]
         changes = [line for plan in plans for line in plan.apply()]
         previous, self._previous = self._previous, None
         if previous is None:
@@ -176,17 +208,23 @@ class ConcurrencyLimits:
             for name in previous.operations
             if name not in self.operations
         ]
+        changes += [
+            f"client limit {name!r} removed"
+            for name in previous.clients
+            if name not in self.clients
+        ]
         changes += [  # settings of every limit: the body bounds, close_connection_on_refusal
-            f"{field} {old!r} -> {new!r}"
+            f"{field} {_shown(field, old)} -> {_shown(field, new)}"
             for field, old, new in _changed_fields(previous.settings, self.settings)
-            if field not in ("routes", "operations")
+            if field not in ("routes", "operations", "clients")
         ]
         return changes
 
     def limits(self) -> list[Limit]:
-        """Every limit these settings made, routes' then operations'."""
+        """Every limit these settings made, routes' then operations' then clients'."""
         made = [plan.limit for plan in self._route_plans.values()]
-        return made + [operation.limit for operation in self.operations.values()]
+        made += [operation.limit for operation in self.operations.values()]
+        return made + [client.limit for client in self.clients.values()]
 
     def shared(self) -> list[SharedLimit]:
         """The limits shared across processes (scope global): connected at start, closed at
@@ -206,6 +244,16 @@ class ConcurrencyLimits:
             raise KeyError(
                 f"no OperationLimit has limit_name {limit_name!r}; "
                 f"configured: {sorted(self.operations) or 'none'}"
+            ) from None
+
+    def client(self, limit_name: str) -> LimitedClient:
+        """The client limit named `limit_name`; KeyError naming the configured ones if none."""
+        try:
+            return self.clients[limit_name]
+        except KeyError:
+            raise KeyError(
+                f"no ClientLimit has limit_name {limit_name!r}; "
+                f"configured: {sorted(self.clients) or 'none'}"
             ) from None
 
     def _limited_route(self, index: int, config: RouteLimit) -> LimitedRoute:
@@ -250,10 +298,21 @@ class ConcurrencyLimits:
         _check_unchanged(f"operations.{index}", old.config, config, _FIXED_OPERATION_FIELDS)
         return LimitPlan("operation", old.limit, config, old.config)
 
-    def _make_limit(self, config: RouteLimit | OperationLimit) -> Limit:
+    def _client_plan(self, index: int, config: ClientLimit) -> LimitPlan:
+        old = self._previous.clients.get(config.limit_name) if self._previous else None
+        if old is None:
+            limit = self._make_limit(config)
+            client = LimitedClient(config, limit, self.meter_provider)
+            return LimitPlan("client", limit, config, client=client)
+        _check_unchanged(f"clients.{index}", old.config, config, _FIXED_CLIENT_FIELDS)
+        return LimitPlan("client", old.limit, config, old.config, client=old)
+
+    def _make_limit(self, config: RouteLimit | OperationLimit | ClientLimit) -> Limit:
         """A process's own MeteredSemaphore, or for `scope="global"` a SharedLimit."""
         if isinstance(config, RouteLimit):
             timeout, max_queue = config.queue_timeout_seconds, config.max_queue
+        elif isinstance(config, ClientLimit):
+            timeout, max_queue = config.timeout_seconds, config.max_queue
         else:
             timeout, max_queue = config.timeout_seconds, None
         settings = self.settings
@@ -302,7 +361,9 @@ def _changed_fields(old: BaseModel, new: BaseModel) -> list[tuple[str, object, o
 
 
 def _differ(
-    old: RouteLimit | OperationLimit, new: RouteLimit | OperationLimit, fields: frozenset[str]
+    old: RouteLimit | OperationLimit | ClientLimit,
+    new: RouteLimit | OperationLimit | ClientLimit,
+    fields: frozenset[str],
 ) -> bool:
     return any(field in fields for field, _, _ in _changed_fields(old, new))
 
@@ -319,10 +380,27 @@ def _check_same_attributes(old: ConcurrencySettings, new: ConcurrencySettings) -
             )
 
 
+def _shown(field: str, value: object) -> str:
+    """`value` for a log line: a Redis URL without its password."""
+    if field == "redis_url" and isinstance(value, str):
+        return repr(re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", value))
+    return repr(value)
+
+
+def _check_shared_settings(old: ConcurrencySettings, new: ConcurrencySettings) -> None:
+    """A reload cannot move running global limits to another Redis, mode or lease."""
+    for field, _, _ in _changed_fields(old, new):
+        if field in _FIXED_SHARED_SETTINGS:
+            raise ValueError(
+                f"{field}: the running global limits were made with the old value; a reload "
+                "cannot change it (restart the server)"
+            )
+
+
 def _check_unchanged(
     where: str,
-    old: RouteLimit | OperationLimit,
-    new: RouteLimit | OperationLimit,
+    old: RouteLimit | OperationLimit | ClientLimit,
+    new: RouteLimit | OperationLimit | ClientLimit,
     fixed: tuple[str, ...],
 ) -> None:
     for field, before, _ in _changed_fields(old, new):

@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gym_concurrency.limits import Admission, Refusal, WaitOutcome
 
 from .body import QueuedBodies, QueuedRequest, QueuedWebsocket
+from .cascade import CascadeWarning
 from .limits import LimitedRoute
 from .queue_wait import QueueWaitRecorder
 
@@ -33,7 +34,7 @@ class QueuedAdmission:
     A websocket holds its slot for the connection's lifetime and is refused with close code
     1013 (try again later)."""
 
-    __slots__ = ("bodies", "max_body_bytes", "recorder", "refusal_body_seconds")
+    __slots__ = ("bodies", "cascade", "max_body_bytes", "recorder", "refusal_body_seconds")
 
     def __init__(
         self,
@@ -47,6 +48,7 @@ class QueuedAdmission:
         self.max_body_bytes = max_body_bytes
         self.bodies = bodies
         self.refusal_body_seconds = refusal_body_seconds
+        self.cascade = CascadeWarning()
 
     async def __call__(
         self,
@@ -137,6 +139,8 @@ class QueuedAdmission:
     async def _refuse(
         self, route: LimitedRoute, reason: Refusal, queued: QueuedRequest | None, send: Send
     ) -> None:
+        if reason == "shed":
+            self.cascade.shed(route)
         body = None
         if queued is not None and route.failures.episode:  # it echoes the ids: read, bounded
             body = await queued.read_body(self.refusal_body_seconds)

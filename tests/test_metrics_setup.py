@@ -22,6 +22,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from tests.uvicorn_process import ROOT, clean_env, uvicorn
 
 PAGES = [ROOT / "README.md", ROOT / "docs" / "metrics.md"]
+MIDDLEWARE_EXAMPLE = "app.add_middleware(ConcurrencyLimitMiddleware, settings=settings)"
 
 
 def block(page: Path, marker: str) -> str:
@@ -33,7 +34,7 @@ def block(page: Path, marker: str) -> str:
 
 def write_app(folder: Path, page: Path, marker: str) -> None:
     """The README's middleware example, then the page's block that sets up metrics."""
-    source = block(ROOT / "README.md", "app.add_middleware") + "\n" + block(page, marker)
+    source = block(ROOT / "README.md", MIDDLEWARE_EXAMPLE) + "\n" + block(page, marker)
     (folder / "metrics_app.py").write_text(source)
 
 

@@ -1,4 +1,6 @@
-"""A fake OpenAI-compatible chat model: echoes the last user message, or judges one.
+"""A fake OpenAI-compatible chat model: echoes the last user message, or judges one, over Chat
+Completions (`/v1/chat/completions`) and the Responses API (`/v1/responses`, what NeMo Gym's
+model servers call).
 
 A prompt in the demo's judge format ("Expected: ...", "Response: ...", ending in "Answer yes
 or no.") is answered "yes" when the response contains the expected text, else "no".
@@ -34,6 +36,11 @@ class ChatMessage(BaseModel):
 class ChatRequest(BaseModel):
     model: str = "fake-model"
     messages: list[ChatMessage] = Field(min_length=1)
+
+
+class ResponsesRequest(BaseModel):
+    model: str = "fake-model"
+    input: str | list[ChatMessage] = Field(min_length=1)
 
 
 class Choice(BaseModel):
@@ -105,6 +112,41 @@ async def chat_completions(request: ChatRequest) -> ChatCompletion | JSONRespons
         choices=[Choice(index=0, message=ChatMessage(role="assistant", content=answer))],
         usage=Usage(prompt_tokens=words, completion_tokens=words, total_tokens=2 * words),
     )
+
+
+@app.post("/v1/responses")
+async def responses(request: ResponsesRequest) -> dict[str, object]:
+    """The Responses API's answer to the same: an output message echoing the last input."""
+    await asyncio.sleep(LATENCY_SECONDS)
+    prompt = request.input if isinstance(request.input, str) else request.input[-1].content
+    answer = _judge(prompt) if prompt.rstrip().endswith(JUDGE_SUFFIX) else prompt
+    words = len(prompt.split())
+    message = {
+        "id": f"msg_{uuid.uuid4().hex[:12]}",
+        "type": "message",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": answer, "annotations": []}],
+    }
+    usage = {
+        "input_tokens": words,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": words,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 2 * words,
+    }
+    return {
+        "id": f"resp_{uuid.uuid4().hex[:12]}",
+        "object": "response",
+        "created_at": time.time(),
+        "model": request.model,
+        "status": "completed",
+        "output": [message],
+        "parallel_tool_calls": False,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": usage,
+    }
 
 
 @app.get("/v1/models")

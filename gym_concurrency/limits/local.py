@@ -51,6 +51,10 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         # deadlines are in queue order too: one timer, for the oldest waiter, serves them all.
         self._queue: OrderedDict[asyncio.Future[Admission], float | None] = OrderedDict()
         self._timer: asyncio.TimerHandle | None = None
+        # Waiters handed a slot whose tasks have not resumed yet. Until they have, no later
+        # acquire takes a slot at once, as in asyncio.Semaphore: a task that releases and
+        # re-acquires runs after the waiters it handed slots to.
+        self._handed = 0
         self._register()
 
     # --- state -----------------------------------------------------------------------
@@ -77,20 +81,26 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
 
     def locked(self) -> bool:
         """True if `acquire()` would wait (or fail) rather than take a slot at once."""
-        return self._active >= self._limit or bool(self._queue)
+        return self._active >= self._limit or bool(self._queue) or self._handed > 0
 
     def __repr__(self) -> str:
+        # asyncio's own shape ("... object at 0x... [unlocked, value:1]"), with the limit's
+        # name, size and holders before the brackets.
         name = f" {self._component}/{self._limit_name}" if self._limit_name else ""
+        state = "locked" if self.locked() else f"unlocked, value:{self.available}"
+        if self._queue:
+            state += f", waiters:{len(self._queue)}"
         return (
-            f"<{type(self).__name__}{name} limit={self._limit} active={self._active} "
-            f"queue_depth={len(self._queue)}>"
+            f"<{type(self).__name__}{name} object at {id(self):#x} limit={self._limit} "
+            f"active={self._active} [{state}]>"
         )
 
     # --- acquire / release -----------------------------------------------------------
 
     def try_acquire(self) -> bool:
-        """Take a slot if one is free and nobody waits, without waiting; True if taken."""
-        if self._active < self._limit and not self._queue:
+        """Take a slot if one is free and nobody waits (nor was handed a slot and has yet
+        to resume), without waiting; True if taken."""
+        if self._active < self._limit and not self._queue and not self._handed:
             self._active += 1
             return True
         return False
@@ -100,7 +110,10 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         slot is held), "timeout", or is "shed" already if `max_queue` tasks wait. Never raises."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Admission] = loop.create_future()
-        if self._max_queue is not None and len(self._queue) >= self._max_queue:
+        # Never shed while a slot is free (held back only for a waiter handed one, not yet
+        # resumed): the request waits for that hand-over instead.
+        full = self._max_queue is not None and len(self._queue) >= self._max_queue
+        if full and self._active >= self._limit:
             self._shed += 1
             waiter.set_result("shed")
             return waiter
@@ -110,6 +123,9 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             if self._timer is None:
                 self._timer = loop.call_at(deadline, self._expire)
         self._queue[waiter] = deadline
+        # Added before the waiting task awaits the future, so it runs just before that task
+        # resumes: the moment its hand-over is complete.
+        waiter.add_done_callback(self._resumed)
         return waiter
 
     def _forget(self, waiter: asyncio.Future[Admission]) -> bool:
@@ -158,4 +174,14 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             if waiter.done():  # cancelled with its task, which counts it when it leaves
                 continue
             self._active += 1
+            self._handed += 1
             waiter.set_result("admitted")
+
+    def _resumed(self, waiter: asyncio.Future[Admission]) -> None:
+        """A waiter's wait ended; if it was handed a slot, the hand-over is done and waiters
+        that queued behind it get the slots still free (as asyncio.Semaphore does)."""
+        if waiter.cancelled() or waiter.result() != "admitted":
+            return
+        self._handed -= 1
+        if self._queue:
+            self._admit_waiters()

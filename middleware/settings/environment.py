@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_settings import PydanticBaseSettingsSource, SettingsError
 
+from .env_prefix import warn_misspelt_prefixes
 from .numbers import union_members
 
 __all__ = [
@@ -62,6 +63,7 @@ def environment_values(
     """
     config = settings_cls.model_config
     prefix = str(config.get("env_prefix") or "").upper()
+    warn_misspelt_prefixes(environ, prefix, settings_cls.model_fields)  # else silently unread
     delimiter = str(config.get("env_nested_delimiter") or "__")
     problems: list[str] = []
     assigned: dict[_Path, str] = {}

@@ -1,5 +1,5 @@
-"""ConcurrencySettings, RouteLimit, OperationLimit, AdaptiveLimit: what to limit, how hard, and
-how to fail.
+"""ConcurrencySettings, RouteLimit, OperationLimit, ClientLimit, AdaptiveLimit: what to limit,
+how hard, and how to fail.
 
 Read from keyword arguments, from `GYM_CONCURRENCY_*` environment variables (JSON for the
 lists, `__` for nesting) or from a YAML / JSON file with `ConcurrencySettings.from_file`;
@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gym_concurrency.clients import RetryPolicy
 from gym_concurrency.limits import LimitScope
 from gym_concurrency.limits.adaptive import Algorithm
 from gym_concurrency.names import EXECUTORS, OPERATIONS, check_member
@@ -34,6 +35,8 @@ __all__ = [
     "DEFAULT_MAX_QUEUED_BODY_BYTES_TOTAL",
     "DEFAULT_REFUSAL_BODY_TIMEOUT_SECONDS",
     "AdaptiveLimit",
+    "ClientLimit",
+    "ClientRetry",
     "ConcurrencySettings",
     "FailureProfile",
     "OperationLimit",
@@ -89,6 +92,18 @@ class AdaptiveLimit(NumbersAreNumbers):
         return self
 
 
+def _check_adaptive_start(adaptive: AdaptiveLimit | None, max_concurrent: int) -> None:
+    """An adaptive limit starts at max_concurrent, which must be within its bounds."""
+    if adaptive is not None and not (
+        adaptive.min_concurrent <= max_concurrent <= adaptive.max_concurrent
+    ):
+        raise ValueError(
+            f"max_concurrent: an adaptive limit starts at max_concurrent ({max_concurrent}), "
+            f"which must be within adaptive.min_concurrent..adaptive.max_concurrent "
+            f"({adaptive.min_concurrent}..{adaptive.max_concurrent})"
+        )
+
+
 class RouteLimit(NumbersAreNumbers):
     """A concurrency limit on one route (its declared path template), optionally per method.
 
@@ -125,15 +140,7 @@ class RouteLimit(NumbersAreNumbers):
 
     @model_validator(mode="after")
     def _starts_within_its_adaptive_bounds(self) -> Self:
-        adaptive = self.adaptive
-        if adaptive is not None and not (
-            adaptive.min_concurrent <= self.max_concurrent <= adaptive.max_concurrent
-        ):
-            raise ValueError(
-                f"max_concurrent: an adaptive limit starts at max_concurrent "
-                f"({self.max_concurrent}), which must be within adaptive.min_concurrent.."
-                f"adaptive.max_concurrent ({adaptive.min_concurrent}..{adaptive.max_concurrent})"
-            )
+        _check_adaptive_start(self.adaptive, self.max_concurrent)
         return self
 
     @field_validator("path")
@@ -194,8 +201,60 @@ class OperationLimit(NumbersAreNumbers):
         return check_member("executor", executor, EXECUTORS)
 
 
+class ClientRetry(NumbersAreNumbers):
+    """How a client limit's calls are retried: the fields of
+    `gym_concurrency.clients.RetryPolicy`, with its defaults (docs/clients.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_attempts: int = Field(default=4, ge=1)
+    statuses: tuple[int, ...] = (429, 502, 503, 504)
+    backoff_seconds: float = Field(default=0.5, ge=0, allow_inf_nan=False)
+    backoff_max_seconds: float = Field(default=8.0, ge=0, allow_inf_nan=False)
+    max_retry_after_seconds: float = Field(default=120.0, ge=0, allow_inf_nan=False)
+    budget_ratio: float = Field(default=0.2, ge=0, allow_inf_nan=False)
+    budget_min_per_second: float = Field(default=10.0, ge=0, allow_inf_nan=False)
+    deadline_seconds: _Seconds | None = None
+
+    @field_validator("statuses")
+    @classmethod
+    def _status_codes(cls, codes: tuple[int, ...]) -> tuple[int, ...]:
+        for code in codes:
+            if not 100 <= code <= 599:
+                raise ValueError(f"{code} is not an HTTP status code")
+        return codes
+
+    def policy(self) -> RetryPolicy:
+        """The RetryPolicy these settings describe."""
+        return RetryPolicy(**self.model_dump())
+
+
+class ClientLimit(NumbersAreNumbers):
+    """A concurrency limit on the calls this server makes to one upstream (a judge, a model, a
+    tool): every attempt takes a slot (docs/clients.md). `timeout_seconds` / `max_queue` bound
+    the wait for a slot; `retry` (None: one attempt per call) retries the calls; `adaptive`
+    moves the limit from the upstream's answers, starting at `max_concurrent`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    limit_name: _Name
+    max_concurrent: int = Field(ge=1)
+    timeout_seconds: _Seconds | None = None
+    max_queue: int | None = Field(default=None, ge=0)
+    retry: ClientRetry | None = Field(default_factory=ClientRetry)
+    adaptive: AdaptiveLimit | None = None
+    scope: LimitScope = "process"  # as RouteLimit.scope
+    local_max_concurrent: int | None = Field(default=None, ge=1)  # as RouteLimit's
+
+    @model_validator(mode="after")
+    def _starts_within_its_adaptive_bounds(self) -> Self:
+        _check_adaptive_start(self.adaptive, self.max_concurrent)
+        return self
+
+
 class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
-    """Every limit of one server: its route limits and its operation limits."""
+    """Every limit of one server: its route limits, its operation limits and its client
+    limits (the calls it makes)."""
 
     model_config = SettingsConfigDict(
         env_prefix="GYM_CONCURRENCY_",
@@ -208,6 +267,7 @@ class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
     server_name: _Name | None = None
     routes: list[RouteLimit] = Field(default_factory=list)
     operations: list[OperationLimit] = Field(default_factory=list)
+    clients: list[ClientLimit] = Field(default_factory=list)
     max_queued_body_bytes: int = Field(default=DEFAULT_MAX_QUEUED_BODY_BYTES, ge=0)
     max_queued_body_bytes_total: int = Field(default=DEFAULT_MAX_QUEUED_BODY_BYTES_TOTAL, ge=0)
     refusal_body_timeout_seconds: _Seconds = DEFAULT_REFUSAL_BODY_TIMEOUT_SECONDS
@@ -223,7 +283,7 @@ class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
     # component, server_name and limit_name): deployments sharing those stay apart.
     redis_key_prefix: _KeyPrefix | None = None
 
-    @field_validator("routes", "operations", mode="before")
+    @field_validator("routes", "operations", "clients", mode="before")
     @classmethod
     def _indexed_entries_are_a_list(cls, value: Any) -> Any:
         # GYM_CONCURRENCY_ROUTES__0__PATH=/run nests as {"0": {"path": "/run"}}: a list by index.
@@ -236,6 +296,7 @@ class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
         _check_shared_route_limits(self.routes)
         _check_no_overlapping_routes(self.routes)
         _check_operation_names(self.operations, self.routes)
+        _check_client_names(self.clients, self.operations, self.routes)
         _check_global_limits(self)
         return self
 
@@ -289,10 +350,11 @@ def _check_shared_route_limits(routes: list[RouteLimit]) -> None:
 
 
 def _check_global_limits(settings: ConcurrencySettings) -> None:
-    entries: list[tuple[str, int, RouteLimit | OperationLimit]] = [
+    entries: list[tuple[str, int, RouteLimit | OperationLimit | ClientLimit]] = [
         ("routes", i, r) for i, r in enumerate(settings.routes)
     ]
     entries += [("operations", i, o) for i, o in enumerate(settings.operations)]
+    entries += [("clients", i, c) for i, c in enumerate(settings.clients)]
     for kind, index, limit in entries:
         if limit.scope != "global":
             continue
@@ -301,7 +363,7 @@ def _check_global_limits(settings: ConcurrencySettings) -> None:
                 f"{kind}.{index}.scope: limit {limit.limit_name!r} is global, which needs "
                 "redis_url (GYM_CONCURRENCY_REDIS_URL), the Redis every process shares"
             )
-        if isinstance(limit, RouteLimit) and limit.adaptive is not None:
+        if isinstance(limit, RouteLimit | ClientLimit) and limit.adaptive is not None:
             raise ValueError(
                 f"{kind}.{index}.adaptive: an adaptive limit follows this process's own "
                 "latency; it cannot drive a global limit that other processes share"
@@ -339,5 +401,22 @@ def _check_operation_names(operations: list[OperationLimit], routes: list[RouteL
             raise ValueError(
                 f"operations.{index}.limit_name: {name!r} is also a route limit_name; "
                 "operation and route limits are separate limits and need distinct names"
+            )
+        seen.add(name)
+
+
+def _check_client_names(
+    clients: list[ClientLimit], operations: list[OperationLimit], routes: list[RouteLimit]
+) -> None:
+    others = {route.limit_name for route in routes} | {op.limit_name for op in operations}
+    seen: set[str] = set()
+    for index, client in enumerate(clients):
+        name = client.limit_name
+        if name in seen:
+            raise ValueError(f"clients.{index}.limit_name: {name!r} is configured twice")
+        if name in others:
+            raise ValueError(
+                f"clients.{index}.limit_name: {name!r} is also a route or operation limit_name; "
+                "a client limit is a limit of its own and needs a distinct name"
             )
         seen.add(name)

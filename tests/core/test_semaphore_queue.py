@@ -138,3 +138,23 @@ async def test_acquire_still_raises_as_documented():
         await sem.acquire()
     with pytest.raises(TimeoutError):
         await waiting
+
+
+async def test_a_request_is_not_shed_while_a_slot_is_free_for_a_hand_over() -> None:
+    # Two holders release while one waits: the waiter is handed a slot (not yet resumed), one
+    # slot is free. Two requests arriving then wait for the hand-over; none is shed.
+    sem = MeteredSemaphore(2, max_queue=1)
+    await sem.acquire()
+    await sem.acquire()
+    waiter = asyncio.create_task(sem.acquire())
+    await asyncio.sleep(0)
+    sem.release()
+    sem.release()
+    first = asyncio.create_task(sem.acquire())
+    second = asyncio.create_task(sem.acquire())
+    assert await waiter is True
+    assert await first is True
+    sem.release()
+    assert await second is True
+    assert sem.admission_shed == 0
+    assert (sem.active, sem.queue_depth) == (2, 0)

@@ -190,6 +190,8 @@ async def test_retry_after_auto_is_the_queue_ahead_at_the_drain_rate(component: 
     assert refused.status_code == 503
     assert refused.json()["error"]["code"] == "queue_full"
     assert refused.headers["retry-after"] in ("2", "3")  # 11 / 5 s = 2.2 s, give or take
+    # the openai profile says the same in milliseconds, for clients that read that first
+    assert refused.headers["retry-after-ms"] == refused.headers["retry-after"] + "000"
 
 
 async def test_retry_after_auto_with_nothing_released_yet_is_the_upper_clamp(component: str):
@@ -205,3 +207,4 @@ async def test_retry_after_auto_with_nothing_released_yet_is_the_upper_clamp(com
     assert refused.status_code == 503
     assert refused.headers["retry-after"] == "60"  # the queue does not move: try much later
     assert refused.headers.get_list("retry-after") == ["60"]  # one header, not two
+    assert refused.headers.get_list("retry-after-ms") == ["60000"]

@@ -74,6 +74,7 @@ async def test_problem_profile_on_timeout(serve: Any, component: str):
     assert refused.status_code == 503
     assert refused.headers["content-type"] == "application/problem+json"
     assert refused.headers["retry-after"] == "1"
+    assert "retry-after-ms" not in refused.headers  # only the openai profile sends it
     assert refused.json() == PROBLEM_TIMEOUT
     semaphore = limits_of(component)["episodes"]
     assert (semaphore.active, semaphore.admission_timeouts, semaphore.queue_depth) == (1, 1, 0)
@@ -125,6 +126,7 @@ async def test_openai_profile(serve: Any, fields: dict[str, Any], reason: str, c
     assert refused.status_code == 503
     assert refused.headers["content-type"] == "application/json"
     assert refused.headers["retry-after"] == "1"
+    assert refused.headers["retry-after-ms"] == "1000"  # read first by the openai client
     detail = (
         "No slot of limit 'upstream' (max_concurrent=1) became free within 0.05 s."
         if reason == "timeout"

@@ -286,3 +286,31 @@ async def test_a_refused_reload_names_the_field_once(component: str):
     assert message.count("gym_concurrency") == 1
     assert "refused" not in message
     await client.aclose()
+
+
+async def test_a_reload_cannot_move_global_limits_and_never_logs_a_password(component: str):
+    url = "redis://:hunter2@127.0.0.1:6399/0"  # never connected: no request reaches a limit
+    config = {"path": "/run", "limit_name": "episodes", "max_concurrent": 2, "scope": "global"}
+    first = ConcurrencySettings(component=component, redis_url=url, routes=[RouteLimit(**config)])
+    app, _ = make_app(first)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+    await client.get("/health")
+    moved = first.model_copy(update={"redis_url": "redis://:s3cret@127.0.0.1:6398/0"})
+    with pytest.raises(ValueError, match="redis_url: the running global limits") as refused:
+        reload_settings(app, moved)
+    assert "hunter2" not in str(refused.value)
+    assert "s3cret" not in str(refused.value)
+    local = first.model_copy(update={"redis_unavailable": "local"})
+    with pytest.raises(ValueError, match="redis_unavailable"):
+        reload_settings(app, local)
+    await client.aclose()
+
+
+async def test_a_settings_wide_redis_url_line_hides_the_password(component: str):
+    app, _, client = await started(component, size=1)
+    with_url = settings(component, size=1).model_copy(
+        update={"redis_url": "redis://user:hunter2@127.0.0.1:6379/0"}
+    )
+    changes = reload_settings(app, with_url)
+    assert changes == ["redis_url None -> 'redis://user:***@127.0.0.1:6379/0'"]
+    await client.aclose()

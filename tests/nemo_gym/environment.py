@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencySettings
@@ -47,7 +48,7 @@ from omegaconf import OmegaConf
 from pydantic import BaseModel, Field, PrivateAttr
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tests.servers import UvicornServer
+from tests.servers import UvicornServer, free_port
 
 SERVER_NAME = "echo_env"
 TASKSET = "echo:train"
@@ -171,11 +172,10 @@ class RequestLedger:
         await self.app(scope, receive, counting_send)
 
 
-@contextlib.contextmanager
-def serve(app: ASGIApp) -> Iterator[UvicornServer]:
-    """uvicorn on 127.0.0.1 with NeMo Gym's httptools protocol, as run_webserver runs it."""
+def _protocol() -> Any:
+    """NeMo Gym's HTTP protocol class for uvicorn, with run_webserver's keepalive."""
     keepalive = GlobalAIOHTTPAsyncClientConfig()
-    protocol = partial(
+    return partial(
         KeepaliveHttpToolsProtocol,
         keepalive=(
             keepalive.global_aiohttp_tcp_keepalive_idle_seconds,
@@ -183,8 +183,44 @@ def serve(app: ASGIApp) -> Iterator[UvicornServer]:
             keepalive.global_aiohttp_tcp_keepalive_probes,
         ),
     )
-    with UvicornServer(app, lifespan="auto", http=protocol, timeout_keep_alive=30) as server:
+
+
+@contextlib.contextmanager
+def serve(app: ASGIApp) -> Iterator[UvicornServer]:
+    """uvicorn on 127.0.0.1 with NeMo Gym's httptools protocol, as run_webserver runs it."""
+    with UvicornServer(app, lifespan="auto", http=_protocol(), timeout_keep_alive=30) as server:
         yield server
+
+
+@contextlib.asynccontextmanager
+async def serve_on_this_loop(app: ASGIApp) -> AsyncIterator[int]:
+    """`serve` on the test's own event loop: for a server whose handlers use NeMo Gym's global
+    aiohttp client (ServerClient), which works on the loop it was made on only. Its port."""
+    port = free_port()
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        lifespan="auto",
+        http=_protocol(),
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=2,
+        log_config=None,
+        log_level="warning",
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(10):
+            while not server.started:
+                if serving.done():
+                    serving.result()  # its error, if it failed to start
+                    raise RuntimeError("uvicorn did not start (see the log)")
+                await asyncio.sleep(0.005)
+        yield port
+    finally:
+        server.should_exit = True
+        await serving
 
 
 def episode_row(task: int, rollout: int = 0, prompt: str = "", **task_input: Any) -> dict[str, Any]:

@@ -189,9 +189,12 @@ async def test_refused_otlp_and_failing_collections_never_reach_a_request(
     ]
     assert otlp_errors, "the refused OTLP export was not logged"
     assert reader_errors, "the failing collection was not logged"
-    # Logged per export cycle (every 0.1 s), not per request.
+    # Logged per export cycle (every 0.1 s), not per request: bounded by the cycles counted
+    # (the raising exporter's calls), which a slow machine makes more of, and far below the
+    # requests.
     assert len(reader_errors) <= raising.calls
-    assert len(otlp_errors) + len(reader_errors) < REQUESTS / 5
+    assert len(otlp_errors) <= 2 * raising.calls
+    assert raising.calls < REQUESTS / 2
     assert not records_from(caplog, "gym_concurrency"), "the faults reached gym_concurrency"
     assert not records_from(caplog, "uvicorn"), "a fault reached a request"
 

@@ -33,6 +33,14 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 @pytest.fixture
+async def on_own(own_redis: RedisServer, key: str) -> AsyncIterator[Limits]:
+    """Makes SharedLimits on this test's own Redis (to pause or restart); closes them after."""
+    made = Limits(own_redis.url, key)
+    yield made
+    await made.close()
+
+
+@pytest.fixture
 def key() -> str:
     """A limit key no other test uses."""
     return f"t{next(_names)}-{uuid.uuid4().hex[:8]}"

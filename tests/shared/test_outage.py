@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 import redis
@@ -20,13 +19,6 @@ from tests.shared.helpers import Limits, held_ids, leases, queued, settle, wait_
 from tests.shared.redis_server import RedisServer
 
 OUTAGE = {"lease_seconds": 4.0, "redis_timeout": 0.3}
-
-
-@pytest.fixture
-async def on_own(own_redis: RedisServer, key: str) -> AsyncIterator[Limits]:
-    made = Limits(own_redis.url, key)
-    yield made
-    await made.close()
 
 
 async def back(*limits: SharedLimit) -> float:

@@ -18,8 +18,8 @@ def check_url(url: object) -> None:
     if not isinstance(url, str) or not url.startswith(SCHEMES):
         shown = safe_url(url) if isinstance(url, str) else repr(url)
         raise ValueError(
-            "SharedLimit redis_url must be a redis://, rediss://, unix:// or "
-            f"redis+sentinel:// URL, got {shown}"
+            "SharedLimit redis_url must be a redis://, rediss://, unix://, redis+sentinel:// "
+            f"or redis+cluster:// URL, got {shown}"
         )
     if url.startswith("redis+sentinel://"):
         sentinel_parts(url)  # raises for a URL without a service name

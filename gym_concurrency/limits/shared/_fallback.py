@@ -25,6 +25,11 @@ class Fallback:
         """Slots held through the fallback now."""
         return self._semaphore.active
 
+    @property
+    def available(self) -> int:
+        """Slots free in the fallback now."""
+        return self._semaphore.available
+
     def admit(
         self, on_admitted: Callable[[asyncio.Future[Admission]], None]
     ) -> Admission | asyncio.Future[Admission]:

@@ -171,7 +171,10 @@ class SharedLimit(LimitBase):
 
     @property
     def available(self) -> int:
-        """Slots free across all processes, as last seen; 0 while a shrunk limit drains."""
+        """Slots free across all processes, as last seen; 0 while a shrunk limit drains.
+        While Redis cannot be reached: 0 ("refuse"), or the local fallback's free slots."""
+        if self._sync.refusing() or self._closed:
+            return self._fallback.available if self._fallback is not None else 0
         return max(0, self._store.limit - self._store.held)
 
     @property

@@ -1,0 +1,120 @@
+"""limited_middleware: an aiohttp client middleware whose every attempt holds a slot of a limit,
+retried as a RetryPolicy says: `aiohttp.ClientSession(middlewares=(limited_middleware(...),))`.
+
+Only translation lives here; the call loop is gym_concurrency.clients.calls. Needs aiohttp
+>= 3.12 (client middlewares; the `[aiohttp]` extra).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import aiohttp
+from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
+from opentelemetry.metrics import MeterProvider
+
+from ..limits import Limit
+from ..limits.adaptive import AdaptiveController
+from .adaptive import AdaptiveConfig
+from .calls import CallsView, DeadlineExceeded, LimitedCalls, Slot
+from .retry import RetryPolicy, RetryReason
+
+__all__ = ["LimitedMiddleware", "limited_middleware"]
+
+DRAIN_BYTES = 64 * 1024  # as in the httpx transport: a short discarded body is read first
+
+
+class _Call(NamedTuple):
+    request: ClientRequest
+    handler: ClientHandlerType
+
+
+def limited_middleware(
+    limit: Limit,
+    *,
+    retry: RetryPolicy | None = None,
+    adaptive: AdaptiveConfig | AdaptiveController | None = None,
+    meter_provider: MeterProvider | None = None,
+) -> LimitedMiddleware:
+    """A client middleware: each attempt takes one slot of `limit` and holds it until the
+    response is read in full, released or closed; `retry` (None: one attempt) retries it;
+    `adaptive` (an AdaptiveLimit or a controller) moves the limit."""
+    return LimitedMiddleware(limit, retry=retry, adaptive=adaptive, meter_provider=meter_provider)
+
+
+class LimitedMiddleware(CallsView):
+    """The middleware `limited_middleware` returns; one per limit, shared by every request
+    (and session) it is given to."""
+
+    __slots__ = ("calls",)
+
+    def __init__(
+        self,
+        limit: Limit,
+        *,
+        retry: RetryPolicy | None = None,
+        adaptive: AdaptiveConfig | AdaptiveController | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        self.calls: LimitedCalls[_Call, ClientResponse] = LimitedCalls(
+            limit, _AiohttpExchange(), retry=retry, adaptive=adaptive, meter_provider=meter_provider
+        )
+
+    async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
+        """Send `request` through the limit, retried; the last response, unchanged."""
+        return await self.calls.call(_Call(request, handler))
+
+
+class _AiohttpExchange:
+    """The call loop's view of aiohttp."""
+
+    __slots__ = ()
+
+    def method(self, request: _Call) -> str:
+        return request.request.method
+
+    async def send(self, request: _Call) -> ClientResponse:
+        return await request.handler(request.request)
+
+    def status(self, response: ClientResponse) -> int:
+        return response.status
+
+    def header(self, response: ClientResponse, name: str) -> str | None:
+        return response.headers.get(name)
+
+    def failure(self, error: Exception) -> RetryReason | None:
+        if isinstance(error, aiohttp.ConnectionTimeoutError):
+            return "connection"  # never sent
+        if isinstance(error, aiohttp.ServerTimeoutError):
+            return "timeout"  # sent, perhaps acted on: no answer in time
+        if isinstance(error, aiohttp.ClientConnectionError):
+            return "connection"  # raised before the response's headers: nothing answered
+        return None
+
+    def replayable(self, request: _Call) -> bool:
+        body = request.request.body  # a stream or an unseekable file is sent only once
+        return not getattr(body, "consumed", False)
+
+    async def discard(self, response: ClientResponse) -> None:
+        length = response.content_length
+        try:
+            if length is not None and length <= DRAIN_BYTES:
+                await response.read()
+        except aiohttp.ClientError:
+            pass  # a retry follows anyway
+        finally:
+            response.release()
+
+    def hand_over(self, response: ClientResponse, slot: Slot) -> ClientResponse:
+        connection = response.connection
+        if connection is None:  # no body to read (or it was read already): nothing to hold
+            slot.release()
+        else:  # called when the body has been read, or the response released or closed
+            connection.add_callback(slot.release)
+        return response
+
+    def deadline_exceeded(self, request: _Call, seconds: float) -> DeadlineExceeded:
+        req = request.request
+        return DeadlineExceeded(
+            f"{req.method} {req.url}: no response within the call's deadline of {seconds:g} s"
+        )

@@ -1,0 +1,338 @@
+"""The call loop of an outbound client, written once for every transport: a slot of the limit
+per attempt, retries as the RetryPolicy says, the adaptive limiter fed, the metrics recorded.
+
+A transport adapter (httpx, aiohttp) only translates: it sends a request, reads a status and
+headers, names a failure ("connection", "timeout" or not retryable), throws a response away,
+and hands the last response over holding its slot (`Slot.release()` once its body is read in
+full or it is closed). Everything else happens here:
+
+- each attempt waits for a slot of `limit` (its TimeoutError / QueueFullError /
+  LimitUnavailableError reach the caller as the limit raises them, never retried), holds it
+  until its response is done with, and gives it back before any backoff;
+- a retry happens only after the server's Retry-After, within `max_attempts`, the deadline
+  and the retry budget; a denied retry ends the call with its last response (or error);
+- cancellation anywhere (waiting for a slot, in an attempt, reading a discarded body, backing
+  off) gives back what is held and propagates: it is never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from time import perf_counter
+from typing import Any, Generic, Protocol, TypeVar
+
+from opentelemetry.metrics import MeterProvider
+
+from ..limits import Limit
+from ..limits.adaptive import AdaptiveController, AdaptiveLimiter
+from .adaptive import AdaptiveConfig, adaptive_limiter
+from .budget import RetryBudget
+from .metrics import ClientMetrics
+from .retry import (
+    IDEMPOTENT_METHODS,
+    DeniedReason,
+    RetryPolicy,
+    RetryReason,
+    backoff_delay,
+    retry_after_seconds,
+    server_says_retry,
+)
+
+__all__ = ["CallsView", "DeadlineExceeded", "Exchange", "LimitedCalls", "Slot"]
+
+RequestT = TypeVar("RequestT")
+ResponseT = TypeVar("ResponseT")
+_Request = TypeVar("_Request", contravariant=True)
+
+
+class DeadlineExceeded(TimeoutError):
+    """The call's `deadline_seconds` ran out while it waited for a slot or for a response."""
+
+
+class Slot:
+    """One slot of the limit, held by one attempt. `release()` gives it back the first time
+    (later calls do nothing), first telling the adaptive limiter how long the attempt held it
+    and whether it ended in overload."""
+
+    __slots__ = ("_limit", "_limiter", "_started", "held", "overload")
+
+    def __init__(self, limit: Limit, limiter: AdaptiveLimiter | None) -> None:
+        self._limit = limit
+        self._limiter = limiter
+        self._started = perf_counter() if limiter is not None else 0.0
+        self.held = True
+        self.overload = False  # set from the attempt's outcome, read at release
+
+    def release(self, *, measured: bool = True) -> None:
+        """Give the slot back (once); `measured=False`: the attempt is no latency sample (it
+        was cancelled or cut off by the deadline)."""
+        if not self.held:
+            return
+        self.held = False
+        try:
+            limiter = self._limiter
+            if limiter is not None and measured:
+                limiter.record(self._started, perf_counter(), self.overload)
+        finally:
+            self._limit.release()
+
+
+class Exchange(Protocol[_Request, ResponseT]):
+    """What a transport adapter translates for the call loop."""
+
+    def method(self, request: _Request) -> str: ...
+
+    async def send(self, request: _Request) -> ResponseT:
+        """One attempt: the response once its status and headers have arrived."""
+        ...
+
+    def status(self, response: ResponseT) -> int: ...
+
+    def header(self, response: ResponseT, name: str) -> str | None: ...
+
+    def failure(self, error: Exception) -> RetryReason | None:
+        """ "connection" (nothing was answered), "timeout" (no answer in time), or None: not
+        an error a retry can help."""
+        ...
+
+    def replayable(self, request: _Request) -> bool:
+        """Whether the request's body can be sent again."""
+        ...
+
+    async def discard(self, response: ResponseT) -> None:
+        """Close a response that will be retried (reading a short body first, so the
+        connection can be reused)."""
+        ...
+
+    def hand_over(self, response: ResponseT, slot: Slot) -> ResponseT:
+        """The caller's response, which releases `slot` once its body is read in full or it
+        is closed (at once if it has no body left)."""
+        ...
+
+    def deadline_exceeded(self, request: _Request, seconds: float) -> DeadlineExceeded:
+        """The error a call cut off by its deadline raises (a DeadlineExceeded)."""
+        ...
+
+
+class LimitedCalls(Generic[RequestT, ResponseT]):
+    """Outbound calls through one limit, retried by one policy (None: one attempt each), with
+    one retry budget, adaptive limiter and set of metrics for all of them."""
+
+    __slots__ = (
+        "__weakref__",
+        "_budget",
+        "_exchange",
+        "_metrics",
+        "_overload",
+        "limit",
+        "limiter",
+        "retry",
+    )
+
+    def __init__(
+        self,
+        limit: Limit,
+        exchange: Exchange[RequestT, ResponseT],
+        *,
+        retry: RetryPolicy | None = None,
+        adaptive: AdaptiveConfig | AdaptiveController | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        if not all(hasattr(limit, name) for name in ("acquire", "try_acquire", "release")):
+            raise TypeError(
+                f"limit must be a gym_concurrency Limit (MeteredSemaphore, SharedLimit), got "
+                f"{limit!r}"
+            )
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(f"retry must be a RetryPolicy or None, got {retry!r}")
+        self.limit = limit
+        self.retry = retry
+        self._exchange = exchange
+        self.limiter, self._overload = adaptive_limiter(limit, adaptive)
+        self._budget = (
+            RetryBudget(retry.budget_ratio, retry.budget_min_per_second)
+            if retry is not None
+            else None
+        )
+        self._metrics = ClientMetrics(limit, meter_provider)
+
+    def set_retry(self, retry: RetryPolicy | None) -> None:
+        """Retry later calls by `retry` (a reload); the budget keeps what it has counted."""
+        self.retry = retry
+        if retry is None:
+            self._budget = None
+        elif self._budget is None:
+            self._budget = RetryBudget(retry.budget_ratio, retry.budget_min_per_second)
+        else:
+            self._budget.set_bound(retry.budget_ratio, retry.budget_min_per_second)
+
+    @property
+    def budget(self) -> RetryBudget | None:
+        """The retry budget all calls share (None without a policy)."""
+        return self._budget
+
+    async def call(self, request: RequestT) -> ResponseT:
+        """Send `request`, retried as the policy says; the last response, unchanged, holding
+        its slot until its body is read in full or it is closed."""
+        policy = self.retry
+        deadline = None
+        if policy is not None and policy.deadline_seconds is not None:
+            deadline = asyncio.get_running_loop().time() + policy.deadline_seconds
+        if self._budget is not None:
+            self._budget.first_attempt()
+        attempt = 1
+        while True:
+            slot = await self._take_slot(request, deadline)
+            try:
+                response = await self._send(request, deadline)
+            except Exception as error:
+                delay = self._after_error(request, slot, error, attempt, deadline)
+                if delay is None:
+                    raise
+            except BaseException:  # cancelled: never retried
+                slot.release(measured=False)
+                raise
+            else:
+                delay = await self._after_response(request, response, slot, attempt, deadline)
+                if delay is None:
+                    return self._exchange.hand_over(response, slot)
+            await asyncio.sleep(delay)  # holding no slot
+            attempt += 1
+
+    async def _take_slot(self, request: RequestT, deadline: float | None) -> Slot:
+        limit = self.limit
+        if deadline is None:
+            await limit.acquire()
+        else:
+            timeout = asyncio.timeout_at(deadline)
+            try:
+                async with timeout:
+                    await limit.acquire()  # cut off, it leaves the queue (counted cancelled)
+            except TimeoutError:
+                if timeout.expired():
+                    raise self._deadline_error(request) from None
+                raise  # the limit's own timeout
+        return Slot(limit, self.limiter)
+
+    async def _send(self, request: RequestT, deadline: float | None) -> ResponseT:
+        if deadline is None:
+            return await self._exchange.send(request)
+        timeout = asyncio.timeout_at(deadline)
+        try:
+            async with timeout:
+                return await self._exchange.send(request)
+        except TimeoutError:
+            if timeout.expired():
+                raise self._deadline_error(request) from None
+            raise
+
+    def _deadline_error(self, request: RequestT) -> DeadlineExceeded:
+        seconds = self.retry.deadline_seconds if self.retry is not None else None
+        assert seconds is not None, "only a call with a deadline is cut off by one"
+        return self._exchange.deadline_exceeded(request, seconds)
+
+    def _after_error(
+        self,
+        request: RequestT,
+        slot: Slot,
+        error: Exception,
+        attempt: int,
+        deadline: float | None,
+    ) -> float | None:
+        """Release the attempt's slot; the delay before a retry, or None to raise `error`."""
+        reason = None if isinstance(error, DeadlineExceeded) else self._exchange.failure(error)
+        slot.overload = reason is not None
+        slot.release(measured=reason is not None)
+        policy = self.retry
+        if policy is None or reason is None:
+            return None
+        if reason == "timeout" and self._exchange.method(request).upper() not in IDEMPOTENT_METHODS:
+            return None  # the server may have acted on it: only an idempotent request is resent
+        delay = backoff_delay(policy, attempt)
+        if not self._grant(request, attempt, delay, deadline):
+            return None
+        self._metrics.retried(reason, delay, "backoff")
+        return delay
+
+    async def _after_response(
+        self,
+        request: RequestT,
+        response: ResponseT,
+        slot: Slot,
+        attempt: int,
+        deadline: float | None,
+    ) -> float | None:
+        """The delay before a retry (the response thrown away, its slot released), or None:
+        this response is the call's answer."""
+        exchange = self._exchange
+        status = exchange.status(response)
+        slot.overload = status in self._overload
+        policy = self.retry
+        if policy is None:
+            return None
+        if not server_says_retry(policy, status, exchange.header(response, "x-should-retry")):
+            return None
+        told = retry_after_seconds(
+            exchange.header(response, "retry-after-ms"),
+            exchange.header(response, "retry-after"),
+            time.time(),
+        )
+        delay = backoff_delay(policy, attempt) if told is None else told
+        too_long = told is not None and told > policy.max_retry_after_seconds
+        if not self._grant(request, attempt, delay, deadline, too_long):
+            return None
+        try:
+            await exchange.discard(response)
+        finally:
+            slot.release()
+        self._metrics.retried("status", delay, "backoff" if told is None else "retry_after")
+        return delay
+
+    def _grant(
+        self,
+        request: RequestT,
+        attempt: int,
+        delay: float,
+        deadline: float | None,
+        retry_after_too_long: bool = False,
+    ) -> bool:
+        """Whether the retry after `attempt` may be made after `delay`; a denial is counted."""
+        policy, budget = self.retry, self._budget
+        assert policy is not None, "only a call with a policy is retried"
+        assert budget is not None, "a policy comes with a budget"
+        denied: DeniedReason
+        if attempt >= policy.max_attempts:
+            denied = "attempts"
+        elif retry_after_too_long:
+            denied = "retry_after_too_long"
+        elif deadline is not None and asyncio.get_running_loop().time() + delay >= deadline:
+            denied = "deadline"
+        elif not self._exchange.replayable(request):
+            return False  # a one-shot body: nothing to resend (not a denial)
+        elif not budget.try_retry():
+            denied = "budget"
+        else:
+            return True
+        self._metrics.denied(denied)
+        return False
+
+
+class CallsView:
+    """What a transport adapter shows of its calls: the limit and the retry policy."""
+
+    __slots__ = ()
+    calls: LimitedCalls[Any, Any]
+
+    @property
+    def limit(self) -> Limit:
+        """The limit every attempt takes a slot of."""
+        return self.calls.limit
+
+    @property
+    def retry(self) -> RetryPolicy | None:
+        """The retry policy (None: one attempt per call)."""
+        return self.calls.retry
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} limit={self.limit!r} retry={self.retry!r}>"

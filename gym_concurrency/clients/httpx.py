@@ -1,0 +1,148 @@
+"""LimitedTransport: an httpx transport whose every attempt holds a slot of a limit, retried as
+a RetryPolicy says. `httpx.AsyncClient(transport=LimitedTransport(...))`, and so the openai
+client: `openai.AsyncOpenAI(http_client=that_client, max_retries=0)`.
+
+Only translation lives here; the call loop is gym_concurrency.clients.calls. Needs httpx
+(the `[httpx]` extra).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+from opentelemetry.metrics import MeterProvider
+
+from ..limits import Limit
+from ..limits.adaptive import AdaptiveController
+from .adaptive import AdaptiveConfig
+from .calls import CallsView, DeadlineExceeded, LimitedCalls, Slot
+from .retry import RetryPolicy, RetryReason
+
+__all__ = ["DeadlineTimeout", "LimitedTransport"]
+
+# A response thrown away before a retry is read first when it says it is this short or
+# shorter, so its connection goes back to the pool; a longer one closes its connection.
+DRAIN_BYTES = 64 * 1024
+
+
+class DeadlineTimeout(httpx.TimeoutException, DeadlineExceeded):
+    """The call's `deadline_seconds` ran out (an httpx timeout, so the openai client reports
+    APITimeoutError; also a DeadlineExceeded and a TimeoutError)."""
+
+
+class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
+    """An httpx transport around `transport` (default `httpx.AsyncHTTPTransport()`): each
+    attempt takes one slot of `limit` and holds it until the response body has been read in
+    full or the response closed (a streamed body keeps it); `retry` (None: one attempt)
+    retries it; `adaptive` (an AdaptiveLimit or a controller) moves the limit."""
+
+    def __init__(
+        self,
+        limit: Limit,
+        *,
+        retry: RetryPolicy | None = None,
+        adaptive: AdaptiveConfig | AdaptiveController | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
+        self.calls: LimitedCalls[httpx.Request, httpx.Response] = LimitedCalls(
+            limit,
+            _HttpxExchange(self.transport),
+            retry=retry,
+            adaptive=adaptive,
+            meter_provider=meter_provider,
+        )
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send `request` through the limit, retried; the last response, unchanged."""
+        return await self.calls.call(request)
+
+    async def aclose(self) -> None:
+        """Close the wrapped transport."""
+        await self.transport.aclose()
+
+
+class _HttpxExchange:
+    """The call loop's view of httpx."""
+
+    __slots__ = ("transport",)
+
+    def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
+        self.transport = transport
+
+    def method(self, request: httpx.Request) -> str:
+        return request.method
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        return await self.transport.handle_async_request(request)
+
+    def status(self, response: httpx.Response) -> int:
+        return response.status_code
+
+    def header(self, response: httpx.Response, name: str) -> str | None:
+        value: str | None = response.headers.get(name)
+        return value
+
+    def failure(self, error: Exception) -> RetryReason | None:
+        if isinstance(error, httpx.ConnectTimeout | httpx.PoolTimeout):
+            return "connection"  # never sent
+        if isinstance(error, httpx.TimeoutException):
+            return "timeout"  # sent, perhaps acted on: no answer in time
+        if isinstance(error, httpx.NetworkError | httpx.RemoteProtocolError):
+            return "connection"  # raised before the response's headers: nothing answered
+        return None
+
+    def replayable(self, request: httpx.Request) -> bool:
+        stream = request.stream  # a generator body can be sent only once
+        consumed = getattr(stream, "_is_stream_consumed", False)
+        return not (consumed and getattr(stream, "_is_generator", False))
+
+    async def discard(self, response: httpx.Response) -> None:
+        length = response.headers.get("content-length", "")
+        try:
+            if length.isdigit() and int(length) <= DRAIN_BYTES:
+                await response.aread()
+        except httpx.TransportError:
+            pass  # a retry follows anyway; the connection is closed below
+        finally:
+            await response.aclose()
+
+    def hand_over(self, response: httpx.Response, slot: Slot) -> httpx.Response:
+        stream = response.stream
+        assert isinstance(stream, httpx.AsyncByteStream), "an async transport's response"
+        response.stream = _SlotStream(stream, slot)
+        return response
+
+    def deadline_exceeded(self, request: httpx.Request, seconds: float) -> DeadlineExceeded:
+        return DeadlineTimeout(
+            f"{request.method} {request.url}: no response within the call's deadline of "
+            f"{seconds:g} s",
+            request=request,
+        )
+
+
+class _SlotStream(httpx.AsyncByteStream):
+    """A response body that gives its slot back once read in full, closed, or broken off."""
+
+    __slots__ = ("_slot", "_stream")
+
+    def __init__(self, stream: httpx.AsyncByteStream, slot: Slot) -> None:
+        self._stream = stream
+        self._slot = slot
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._stream:
+                yield chunk
+        except BaseException:  # a broken or cancelled read: the caller may never close it
+            self._slot.release(measured=False)
+            raise
+        self._slot.release()
+
+    async def aclose(self) -> None:
+        try:
+            await self._stream.aclose()
+        finally:
+            self._slot.release()

@@ -1,0 +1,106 @@
+"""Configured client limits (`ConcurrencySettings.clients`): each is a limit, its retry policy
+and, if adaptive, the controller moving it, for every httpx transport or aiohttp middleware
+the app builds from it. A reload reaches them all: the limit is resized and the retry policy
+replaced in every transport made so far.
+
+    judge = limited_client(app, "judge")
+    client = httpx.AsyncClient(base_url=JUDGE_URL, transport=judge.transport())
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.metrics import MeterProvider
+
+from gym_concurrency.clients import RetryPolicy
+from gym_concurrency.limits import Limit
+from gym_concurrency.limits.adaptive import AdaptiveController, make_controller
+
+from .settings import ClientLimit
+
+if TYPE_CHECKING:
+    import httpx
+
+    from gym_concurrency.clients import LimitedMiddleware, LimitedTransport
+    from gym_concurrency.clients.calls import LimitedCalls
+
+__all__ = ["LimitedClient", "limited_client"]
+
+
+class LimitedClient:
+    """One configured client limit: `transport()` (httpx, and so the openai client) and
+    `middleware()` (aiohttp) send every attempt through `limit`, retried by `retry`."""
+
+    __slots__ = ("_calls", "config", "controller", "limit", "meter_provider", "retry")
+
+    def __init__(
+        self, config: ClientLimit, limit: Limit, meter_provider: MeterProvider | None = None
+    ) -> None:
+        self.config = config
+        self.limit = limit
+        self.meter_provider = meter_provider
+        self.retry: RetryPolicy | None = config.retry.policy() if config.retry else None
+        self.controller: AdaptiveController | None = None
+        adaptive = config.adaptive
+        if adaptive is not None:  # one controller for every transport: they share the limit
+            self.controller = make_controller(
+                adaptive.algorithm,
+                adaptive.min_concurrent,
+                adaptive.max_concurrent,
+                config.max_concurrent,
+                tolerance=adaptive.latency_tolerance,
+            )
+        self._calls: weakref.WeakSet[LimitedCalls[Any, Any]] = weakref.WeakSet()
+
+    @property
+    def limit_name(self) -> str:
+        return self.config.limit_name
+
+    def transport(self, transport: httpx.AsyncBaseTransport | None = None) -> LimitedTransport:
+        """A LimitedTransport (needs httpx) around `transport` (default: a new
+        `httpx.AsyncHTTPTransport()`) for `httpx.AsyncClient(transport=...)`."""
+        from gym_concurrency.clients.httpx import LimitedTransport
+
+        made = LimitedTransport(
+            self.limit,
+            retry=self.retry,
+            adaptive=self.controller,
+            transport=transport,
+            meter_provider=self.meter_provider,
+        )
+        self._calls.add(made.calls)
+        return made
+
+    def middleware(self) -> LimitedMiddleware:
+        """An aiohttp client middleware (needs aiohttp) for `ClientSession(middlewares=...)`."""
+        from gym_concurrency.clients.aiohttp import LimitedMiddleware
+
+        made = LimitedMiddleware(
+            self.limit,
+            retry=self.retry,
+            adaptive=self.controller,
+            meter_provider=self.meter_provider,
+        )
+        self._calls.add(made.calls)
+        return made
+
+    def reconfigure(self, config: ClientLimit) -> None:
+        """Take new settings of this limit (a reload): later calls of every transport and
+        middleware made from it are retried by the new policy."""
+        self.config = config
+        self.retry = config.retry.policy() if config.retry else None
+        for calls in list(self._calls):
+            calls.set_retry(self.retry)
+
+    def __repr__(self) -> str:
+        return f"<LimitedClient {self.limit_name!r} limit={self.limit!r} retry={self.retry!r}>"
+
+
+def limited_client(app: Any, limit_name: str) -> LimitedClient:
+    """The configured client limit `limit_name` of `app`'s ConcurrencyLimitMiddleware (once the
+    app has started: in its lifespan, or in a route); KeyError naming the configured ones."""
+    from .admission import concurrency_middleware
+
+    return concurrency_middleware(app).limits.client(limit_name)

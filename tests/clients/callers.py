@@ -1,0 +1,48 @@
+"""One way to make a limited call through each transport, so a test can run against both:
+httpx with LimitedTransport, aiohttp with limited_middleware."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+import httpx
+
+from gym_concurrency.clients import LimitedTransport, RetryPolicy, limited_middleware
+
+__all__ = ["KINDS", "Caller"]
+
+KINDS = ("httpx", "aiohttp")
+
+
+class Caller:
+    """A client of `kind` whose calls go through `limit`; `get(path)` reads the whole body
+    and answers (status, body)."""
+
+    def __init__(self, kind: str, url: str, limit: Any, retry: RetryPolicy | None, **kw: Any):
+        self.kind = kind
+        if kind == "httpx":
+            transport = LimitedTransport(limit, retry=retry, **kw)
+            self._httpx = httpx.AsyncClient(transport=transport, base_url=url, timeout=30)
+        else:
+            middleware = limited_middleware(limit, retry=retry, **kw)
+            self._aiohttp = aiohttp.ClientSession(base_url=url, middlewares=(middleware,))
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        if self.kind == "httpx":
+            response = await self._httpx.get(path)
+            return response.status_code, response.content
+        async with self._aiohttp.get(path) as reply:
+            return reply.status, await reply.read()
+
+    async def __aenter__(self) -> Caller:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.kind == "httpx":
+            await self._httpx.aclose()
+        else:
+            await self._aiohttp.close()
