@@ -175,7 +175,7 @@ class SharedLimit(LimitBase):
         While Redis cannot be reached: 0 ("refuse"), or the local fallback's free slots."""
         if self._sync.refusing() or self._closed:
             return self._fallback.available if self._fallback is not None else 0
-        return max(0, self._store.limit - self._store.held)
+        return max(0, self._store.limit - self.global_active)
 
     @property
     def queue_depth(self) -> int:
@@ -184,8 +184,9 @@ class SharedLimit(LimitBase):
 
     @property
     def global_active(self) -> int:
-        """Leases held across all processes, as last seen."""
-        return self._store.held
+        """Leases held across all processes, as last seen (at least this process's own: a
+        grant can reach it before the answer that counted it)."""
+        return max(self._store.held, len(self._held) - len(self._fallback_ids))
 
     @property
     def global_queue_depth(self) -> int:
@@ -254,7 +255,7 @@ class SharedLimit(LimitBase):
             admission_shed=self._shed,
             admission_unavailable=self._unavailable,
             admission_lease_lost=self._sync.lease_lost,
-            shared=GlobalStatistics(store.held, store.queued, self.connected),
+            shared=GlobalStatistics(self.global_active, store.queued, self.connected),
         )
 
     def locked(self) -> bool:
