@@ -10,9 +10,9 @@ Keys, all under one hash tag so that they live in one cluster slot (`KEYS` order
 4. `wexp`        ZSET waiter id -> deadline (clock ms): a waiter whose process stops renewing
                  it is reaped, so a dead process never blocks the queue
 5. `leases`      ZSET lease id -> deadline (clock ms): the slots held now, one lease each
-6. `grace`       present for one lease after a script found the limit's state lost (see
-                 `restore`): no slot is handed out while live processes re-register what
-                 they hold
+6. `grace`       present for a while (a lease at most) after a script found the limit's
+                 state lost (see `lost`) or kept by another Redis (see `CHECK_SERVER`): no
+                 slot is handed out while live processes re-register what they hold
 7. `configured`  the size processes start with (a runtime resize does not change it)
 8. `clock`       HASH {v, t, run}: the limit's clock (ms), Redis's time at the last script
                  call, and the run id of the Redis that keeps the state (see `moved`)
@@ -88,24 +88,31 @@ local function reap()
   end
 end
 
--- The limit's state is missing: lost if this process saw it before, if Redis started less
--- than a lease ago (a restart without persistence: whoever comes first, a process that
--- held slots or one that never talked to Redis) or if this Redis was promoted from a
--- replica (a failover); else this is the limit's first start on a Redis that has been up.
+-- The limit's state is missing. How long to hand out nothing while live processes
+-- re-register what they hold (ms; 0: nothing can be held): a lease if this process saw the
+-- state before, or if this Redis was promoted from a replica (a failover); if Redis started
+-- less than two seconds ago (a restart without persistence, found first by a process that
+-- never talked to it), until the processes that held slots are back: they try again every
+-- quarter second at most, and the first of them to come back finds the state restored and
+-- re-registers its leases. Else this is the limit's first start on a Redis that has been up.
 local function lost()
-  if CONTACTED then return true end
+  if CONTACTED then return TTL end
   local server = redis.call('INFO', 'server')
   local up = tonumber(string.match(server, 'uptime_in_seconds:(%d+)')) or 0
-  if up * 1000 < TTL then return true end
+  local young = math.min(TTL, 2000)
+  if up * 1000 < young then return young end
   local replication = redis.call('INFO', 'replication')
-  return (tonumber(string.match(replication, 'second_repl_offset:(-?%d+)')) or -1) >= 0
+  if (tonumber(string.match(replication, 'second_repl_offset:(-?%d+)')) or -1) >= 0 then
+    return TTL
+  end
+  return 0
 end
 
--- Set `size` on a missing state; if it was lost, hand out nothing for one lease, while live
--- processes re-register what they hold.
+-- Set `size` on a missing state; if it was lost, a grace period (see `lost`).
 local function restore(size)
   redis.call('SET', K_LIMIT, size)
-  if lost() then redis.call('SET', K_GRACE, '1', 'PX', TTL) end
+  local grace = lost()
+  if grace > 0 then redis.call('SET', K_GRACE, '1', 'PX', grace) end
 end
 
 -- The clock names the Redis that keeps the state (`CHECK_SERVER` compares it on every new
