@@ -133,6 +133,29 @@ async def test_a_failing_lease_lost_hook_never_reaches_the_limit(
     limit.release()
 
 
+async def test_an_admission_redis_runs_after_its_call_timed_out_gets_its_slot_back(
+    on_own: Limits, own_redis: RedisServer
+) -> None:
+    # A Redis that resumes after a pause runs what it had received in any order, so the
+    # admission whose call timed out may run after the renewal that removed it: every
+    # renewal for a lease after that one removes it again.
+    client = own_redis.client()
+    limit = on_own(2, **LEASE)
+    assert await limit.enqueue() == "admitted"
+    late = f"{limit.redis_keys['leases']}-late:1"  # an id this process gave up on
+    limit._sync.drop_later([late])
+    await limit._sync.sync()  # removed (nothing there yet)
+    await limit._store.acquire(None, [late])  # then the timed-out call runs: a lease
+    assert late in leases(client, limit)
+    await limit._sync.sync()
+    assert leases(client, limit) == held_ids(limit)
+    assert limit.available == 1
+    await asyncio.sleep(LEASE["lease_seconds"] * 1.2)
+    await limit._sync.sync()
+    assert late not in limit._sync.dropping  # kept for a lease, no longer
+    limit.release()
+
+
 async def test_the_fallback_s_slots_become_leases_and_its_waiters_queue_in_redis(
     on_own: Limits, own_redis: RedisServer
 ) -> None:

@@ -69,7 +69,11 @@ class RedisSync:
         self._closed = closed
         self._describe = describe
         self.lock = threading.Lock()  # the event loop and the heartbeat thread
-        self.dropping: set[str] = set()  # ids to remove from Redis once it answers again
+        # Ids to remove from Redis once it answers again -> until when (monotonic) to keep
+        # removing them: a call that timed out may still run in Redis after the first removal
+        # (a paused Redis runs what it received in any order once it resumes), so each is
+        # removed by every renewal for a lease after the first that worked.
+        self.dropping: dict[str, float] = {}
         self._inflight: set[str] = set()  # ids named by the renewal in flight: removals wait
         self._deferred: list[str] = []
         self.lost: set[str] = set()  # held leases not renewed within the lease
@@ -181,8 +185,7 @@ class RedisSync:
             reply = await self._store.acquire(self._max_queue, ids)
         except self._store.failures as error:
             self._store.failed("acquire", error)
-            with self.lock:
-                self.dropping.update(ids)  # they may have run: removed once Redis answers
+            self.drop_later(ids)  # they may have run, or run yet: removed once it answers
             for waiter in waiters:
                 if self._waiters.current(waiter):
                     self._unreachable(waiter)
@@ -266,15 +269,13 @@ class RedisSync:
                 ids = self._unremoved[:_BATCH]
                 del self._unremoved[:_BATCH]
                 if self._store.down:  # the heartbeat removes them once Redis answers again
-                    with self.lock:
-                        self.dropping.update(ids)
+                    self.drop_later(ids)
                     continue
                 try:
                     await self._store.remove(ids)
                 except self._store.failures as error:
                     self._store.failed("remove", error)
-                    with self.lock:
-                        self.dropping.update(ids)
+                    self.drop_later(ids)
         finally:
             self._removing = False
 
@@ -360,11 +361,13 @@ class RedisSync:
             except BaseException:
                 self._post_deferred(self._settle(None))
                 raise
-            deferred = self._settle(drops)
+            deferred = self._settle(drops, sent)
             back = 0
             if full:
                 self.renewed_at = sent
-                self.renew_soon = False
+                # Ids to drop that came after this renewal's snapshot (a call that failed
+                # meanwhile, and may have run in Redis): another renewal at once drops them.
+                self.renew_soon = self._undropped(drops)
                 with self.lock:
                     self.unregistered.difference_update(held)
                     back, self.lost = len(self.lost), set()
@@ -372,13 +375,30 @@ class RedisSync:
             if full and self._store.pending is not None:
                 self.apply_size_blocking()
 
-    def _settle(self, drops: list[str] | None) -> list[str]:
-        """The renewal ended (`drops` were dropped, if it worked): the removals it held up."""
+    def _undropped(self, drops: list[str]) -> bool:
+        with self.lock:
+            return any(until == math.inf for until in self.dropping.values()) and bool(
+                self.dropping.keys() - set(drops)
+            )
+
+    def drop_later(self, ids: list[str]) -> None:
+        """Remove `ids` from Redis with the next renewals that work (see `dropping`)."""
+        with self.lock:
+            for ident in ids:
+                self.dropping.setdefault(ident, math.inf)
+
+    def _settle(self, drops: list[str] | None, sent: float = math.inf) -> list[str]:
+        """The renewal ended (`drops` were dropped by a renewal sent at `sent`, if it
+        worked): the removals it held up. A drop is kept for a lease after the first."""
         with self.lock:
             self._inflight = set()
             deferred, self._deferred = self._deferred, []
-            if drops is not None:
-                self.dropping.difference_update(drops)
+            for ident in drops or ():
+                until = self.dropping.get(ident)
+                if until == math.inf:
+                    self.dropping[ident] = sent + self._lease_seconds
+                elif until is not None and until <= sent:
+                    del self.dropping[ident]
         return deferred
 
     def _post_deferred(self, deferred: list[str]) -> None:
