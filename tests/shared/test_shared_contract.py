@@ -32,7 +32,11 @@ from gym_concurrency import (
     observe_concurrency,
 )
 from gym_concurrency.limits import registered_limits
-from gym_concurrency.names import ADMISSION_UNAVAILABLE_INSTRUMENT, SCOPE_ATTRIBUTE
+from gym_concurrency.names import (
+    ADMISSION_LEASE_LOST_INSTRUMENT,
+    ADMISSION_UNAVAILABLE_INSTRUMENT,
+    SCOPE_ATTRIBUTE,
+)
 from tests.metrics_capture import MetricsCapture
 from tests.shared.helpers import Limits, held_ids, leases, queued, settle, wait_for
 from tests.shared.redis_server import RedisServer
@@ -461,6 +465,7 @@ async def test_the_observer_reports_a_global_limit_with_its_scope_and_no_redis_c
                     QUEUE_DEPTH_INSTRUMENT,
                     ADMISSION_SHED_INSTRUMENT,
                     ADMISSION_UNAVAILABLE_INSTRUMENT,
+                    ADMISSION_LEASE_LOST_INSTRUMENT,
                 )
             }
         assert probe.calls == []  # plain numbers kept in process
@@ -470,6 +475,15 @@ async def test_the_observer_reports_a_global_limit_with_its_scope_and_no_redis_c
         assert found[QUEUE_DEPTH_INSTRUMENT][global_attrs] == 0
         assert found[ADMISSION_SHED_INSTRUMENT][global_attrs] == 0
         assert found[ADMISSION_UNAVAILABLE_INSTRUMENT] == {global_attrs: 0}  # global only
+        assert found[ADMISSION_LEASE_LOST_INSTRUMENT] == {global_attrs: 0}
+        units = {
+            metric.name: (metric.unit, metric.data.is_monotonic)
+            for resource in metrics.reader.get_metrics_data().resource_metrics
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+        }
+        assert units[ADMISSION_UNAVAILABLE_INSTRUMENT] == ("{request}", True)  # DESIGN's table
+        assert units[ADMISSION_LEASE_LOST_INSTRUMENT] == ("{slot}", True)  # docs/metrics.md
         assert found[CONCURRENCY_LIMIT_INSTRUMENT][local_attrs] == 2  # no scope attribute
         shared.release()
         other.release()

@@ -18,8 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
-import math
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,6 +26,7 @@ from typing import Final
 from .._base import LimitBase, check_count, check_seconds
 from ..limit import Admission, GlobalStatistics, LimitConfigurationError, LimitStatistics
 from . import scripts
+from ._away import AwayMixin
 from ._checks import RedisUnavailable, check_key, check_mode, check_name, check_url
 from ._fallback import Fallback
 from ._loops import Heartbeat, mailbox
@@ -40,13 +39,11 @@ __all__ = ["LeaseLostHook", "RedisUnavailable", "SharedLimit"]
 LeaseLostHook = Callable[["SharedLimit", tuple[str, ...]], None]
 """Called on the event loop with the limit and the ids of the leases it could not renew."""
 
-_log = logging.getLogger("gym_concurrency.limits.shared")
-
 
 _CLOSE_SECONDS: Final = 2.0  # how long close() waits for in-flight Redis calls
 
 
-class SharedLimit(LimitBase):
+class SharedLimit(AwayMixin, LimitBase):
     """A FIFO concurrency limit shared across processes and hosts through Redis or Valkey.
 
     The same contract as MeteredSemaphore, globally: never more than `limit` leases across all
@@ -385,7 +382,7 @@ class SharedLimit(LimitBase):
 
     aclose = close  # for contextlib.aclosing()
 
-    # --- local waiters ---------------------------------------------------------------
+    # --- local waiters (while Redis is away: _away.py) -------------------------------
 
     def _add(self, waiter: Waiter, loop: asyncio.AbstractEventLoop) -> Waiter:
         return self._waiters.add(waiter, self._timeout, loop, self._expire)
@@ -409,97 +406,11 @@ class SharedLimit(LimitBase):
             waiter.future.set_result("timeout")
         self._abandon(waiter)
 
-    def _unreachable(self, waiter: Waiter) -> None:
-        """End `waiter` as "unavailable", or admit it through the local fallback."""
-        self._unavailable += 1
-        if self._fallback is None or self._mode == "refuse":
-            self._waiters.end(waiter)
-            waiter.future.set_result("unavailable")
-            return
-        admitted = self._fallback.admit(lambda _: self._fallback_admitted(waiter))
-        if isinstance(admitted, asyncio.Future):
-            waiter.fallback = admitted
-            return
-        self._waiters.end(waiter)
-        if admitted == "shed":  # the local queue is full too
-            self._shed += 1
-        else:
-            self._hold_fallback()
-        waiter.future.set_result(admitted)
-
-    def _hold_fallback(self) -> None:
-        """A fallback slot was taken: it gets an id, so that once Redis answers again the
-        heartbeat registers it as a lease before anything more is granted."""
-        lease = f"{self._proc}:{next(self._counter)}"
-        with self._sync.lock:
-            self._sync.unregistered.add(lease)
-        self._fallback_ids.add(lease)
-        self._held[lease] = -math.inf
-
-    def _leases_lost(self, leases: tuple[str, ...]) -> None:
-        """On the event loop: the heartbeat could not renew `leases` within the lease."""
-        _log.warning(
-            "gym_concurrency: %s could not renew %d leases within lease_seconds=%s (Redis at "
-            "%s unreachable): their holders run on here while Redis may grant their slots "
-            "to others; this process admits nothing more until Redis counts them again "
-            "(leases: %s)",
-            self._describe(),
-            len(leases),
-            self._lease_seconds,
-            self._store.redis_url,
-            ", ".join(leases),
-        )
-        hook = self._on_lease_lost
-        if hook is not None:
-            try:
-                hook(self, leases)
-            except Exception:  # a hook's failure never reaches the limit
-                _log.exception("gym_concurrency: %s: on_lease_lost failed", self._describe())
-
-    def _fallback_admitted(self, waiter: Waiter) -> None:
-        inner = waiter.fallback
-        if not self._waiters.current(waiter) or inner is None:
-            return  # it ended here (timeout, leave, close), which left the fallback
-        if waiter.future.done() or inner.cancelled():  # cancelled with its task
-            self._waiters.end(waiter)
-            if self._fallback is not None:
-                self._fallback.leave(inner)
-            return
-        if not self._sync.refusing():  # Redis is back: it, not the fallback, admits now
-            self._to_redis(waiter)
-            return
-        self._waiters.end(waiter)
-        self._hold_fallback()
-        waiter.future.set_result("admitted")
-
-    def _to_redis(self, waiter: Waiter) -> None:
-        """`waiter` waits in the fallback, but Redis answers again: it leaves the fallback
-        (a slot just handed to it passes on) and queues in Redis instead."""
-        inner, waiter.fallback = waiter.fallback, None
-        if inner is not None and self._fallback is not None:
-            self._fallback.leave(inner)
-        self._waiters.name(waiter, f"{self._proc}:{next(self._counter)}")
-        self._sync.send(waiter)
-
-    def _redis_back(self) -> None:
-        """On the event loop: a renewal worked after Redis was away; the fallback's waiters
-        queue in Redis from now on."""
-        for waiter in self._waiters.all():
-            if waiter.fallback is not None and not waiter.future.done():
-                self._to_redis(waiter)
-
     def _refuse_shed(self, waiter: Waiter) -> None:
         """Redis found the global queue full for `waiter`."""
         self._waiters.end(waiter)
         self._shed += 1
         waiter.future.set_result("shed")
-
-    def _unsent_unreachable(self, waiter: Waiter) -> None:
-        self._waiters.forget_id(waiter)
-        if waiter.future.done():  # cancelled with its task: counted when it leaves
-            self._waiters.end(waiter)
-        else:
-            self._unreachable(waiter)
 
     # --- the connection ------------------------------------------------------------
 
