@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 
 import pytest
+import redis
 
 from gym_concurrency import (
     COMPONENT_ATTRIBUTE,
     LIMIT_NAME_ATTRIBUTE,
+    LimitConfigurationError,
     SharedLimit,
     observe_concurrency,
 )
@@ -25,6 +28,7 @@ from tests.shared.helpers import Limits, held_ids, leases, queued, settle, wait_
 from tests.shared.redis_server import RedisServer
 
 LEASE = {"lease_seconds": 0.8, "redis_timeout": 0.2}
+SLOW = {"lease_seconds": 12.0, "redis_timeout": 0.5}  # a heartbeat every 4 s
 
 
 @pytest.fixture
@@ -228,3 +232,153 @@ async def test_closing_leaves_only_the_limit_s_configuration(
     await b.close()
     left = {k.rsplit(":", 1)[-1] for k in client.keys("*")}
     assert left == {"limit", "configured"}, client.keys("*")
+
+
+async def test_a_lease_granted_before_its_call_failed_is_never_dropped(
+    on_own: Limits, own_redis: RedisServer
+) -> None:
+    # A blocked loop can handle a waiter's grant (the mailbox) before its acquire's timeout:
+    # the failed call must not take the lease it already holds out of Redis.
+    client = own_redis.client()
+    limit = on_own(2, **LEASE)
+    assert await limit.enqueue() == "admitted"
+    (held,) = held_ids(limit)
+    limit._sync.drop_later([held])  # what a failed acquire does with the ids it sent
+    await limit._sync.sync()
+    assert leases(client, limit) == {held}
+    limit.release()
+
+
+async def test_leases_are_counted_lost_when_the_heartbeat_could_not_run_for_a_lease(
+    on_own: Limits, own_redis: RedisServer
+) -> None:
+    # The process (or its heartbeat thread: a C extension holding the GIL) stopped for
+    # longer than a lease while Redis ran on: the renewal after it works, and still the
+    # leases were lost in between, their slots free for others.
+    client = own_redis.client()
+    lost: list[tuple[str, ...]] = []
+    limit = on_own(2, **LEASE, on_lease_lost=lambda _, ids: lost.append(ids))
+    assert await limit.enqueue() == "admitted"
+    with limit._heartbeat._beat_lock:  # the heartbeat thread cannot renew meanwhile
+        await asyncio.sleep(LEASE["lease_seconds"] * 1.5)
+    await wait_for(lambda: limit.admission_lease_lost == 1, 2.0, "the lost lease counted")
+    assert lost == [tuple(held_ids(limit))]
+    await wait_for(lambda: limit.connected, 2.0, "its holders counted again")
+    assert leases(client, limit) == held_ids(limit)
+    limit.release()
+
+
+async def test_a_user_redis_s_acl_denies_a_script_command_fails_the_start(
+    own_redis: RedisServer, key: str
+) -> None:
+    client = own_redis.client()
+    client.acl_setuser(
+        "limits",
+        enabled=True,
+        passwords=["+secret"],
+        keys=["*"],
+        channels=["*"],
+        categories=["+@all"],
+        commands=["-info"],
+    )
+    url = f"redis://limits:secret@127.0.0.1:{own_redis.port}/0"
+    limit = SharedLimit(2, redis_url=url, key=key, **LEASE)
+    with pytest.raises(LimitConfigurationError, match="ACL") as caught:
+        await limit.connect()
+    assert "secret" not in str(caught.value)
+    assert f"127.0.0.1:{own_redis.port}" in str(caught.value)
+
+
+async def test_a_size_conflict_found_after_the_start_ends_with_a_resize(
+    on_own: Limits, own_redis: RedisServer
+) -> None:
+    running = on_own(5, **LEASE)
+    assert await running.connect()
+    late = on_own(2, **LEASE)
+    own_redis.pause()
+    try:
+        assert await late.connect() is False  # Redis away: the conflict is not seen yet
+    finally:
+        own_redis.resume()
+    await wait_for(lambda: late._store.misconfigured is not None, 3.0, "the conflict found")
+    assert await late.enqueue() == "unavailable"
+    late.resize(5)  # the size in force: accepted
+    await wait_for(lambda: late.connected, 3.0, "admitting again")
+    assert await asyncio.wait_for(late.enqueue(), 3) == "admitted"
+    late.release()
+
+
+def test_a_new_event_loop_ends_the_heartbeat_of_the_old_one(
+    own_redis: RedisServer, key: str
+) -> None:
+    limit = SharedLimit(1, redis_url=own_redis.url, key=key, **LEASE)
+    name = f"{limit._describe()} heartbeat"
+
+    def heartbeats() -> int:
+        return len([t for t in threading.enumerate() if t.name == name])
+
+    async def once() -> None:
+        assert await limit.enqueue() == "admitted"
+        limit.release()
+
+    async def on_a_new_loop() -> None:  # the old one closed: the limit starts again here
+        try:
+            await once()
+            await wait_for(lambda: heartbeats() == 1, 3.0, "the old loop's heartbeat ended")
+        finally:
+            await limit.close()
+
+    asyncio.run(once())
+    assert heartbeats() == 1
+    asyncio.run(on_a_new_loop())
+
+
+async def _just_after_a_heartbeat(client: redis.Redis, limit: SharedLimit) -> str:
+    """The id of `limit`'s one lease, once its heartbeat has just renewed it."""
+    (held,) = held_ids(limit)
+    renewed = client.zscore(limit.redis_keys["leases"], held)
+    await wait_for(
+        lambda: client.zscore(limit.redis_keys["leases"], held) != renewed, 6.0, "a heartbeat"
+    )
+    return held
+
+
+async def test_a_holder_renews_at_once_when_redis_restarts(
+    own_redis: RedisServer, key: str
+) -> None:
+    # With a 12 s lease a heartbeat comes every 4 s; the first new connection after a
+    # restart (the mailbox's) finds the state missing and asks for a renewal at once.
+    client = own_redis.client()
+    holder = SharedLimit(1, redis_url=own_redis.url, key=key, **SLOW)
+    try:
+        assert await holder.enqueue() == "admitted"
+        held = await _just_after_a_heartbeat(client, holder)
+        own_redis.restart()
+        await wait_for(lambda: leases(client, holder) == {held}, 1.5, "the lease back")
+        holder.release()
+    finally:
+        await holder.close()
+
+
+async def test_a_process_joining_a_restarted_redis_waits_for_the_holders(
+    own_redis: RedisServer, key: str
+) -> None:
+    # The newcomer restores the lost state first (so the holder's reconnection finds it
+    # there): the young Redis's grace must outlast the holder's next heartbeat (4 s away).
+    client = own_redis.client()
+    holder = SharedLimit(1, redis_url=own_redis.url, key=key, **SLOW)
+    joined = SharedLimit(1, redis_url=own_redis.url, key=key, **SLOW)
+    try:
+        assert await holder.enqueue() == "admitted"
+        held = await _just_after_a_heartbeat(client, holder)
+        own_redis.restart()
+        waiting = joined.enqueue()
+        await wait_for(lambda: leases(client, holder) == {held}, 5.0, "the lease back")
+        await asyncio.sleep(0.5)
+        assert not waiting.done()  # never two holders of a limit of 1
+        holder.release()
+        assert await asyncio.wait_for(waiting, 5) == "admitted"
+        joined.release()
+    finally:
+        await joined.close()
+        await holder.close()

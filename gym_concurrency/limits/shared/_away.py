@@ -44,7 +44,9 @@ class AwayMixin:
 
     def _unreachable(self, waiter: Waiter) -> None:
         """End `waiter` as "unavailable", or admit it through the local fallback."""
-        self._unavailable += 1
+        if not waiter.unavailable:  # (a waiter moved to Redis can find it away again)
+            waiter.unavailable = True
+            self._unavailable += 1
         if self._fallback is None or self._mode == "refuse":
             self._waiters.end(waiter)
             waiter.future.set_result("unavailable")
@@ -112,13 +114,14 @@ class AwayMixin:
         """On the event loop: the heartbeat could not renew `leases` within the lease."""
         _log.warning(
             "gym_concurrency: %s could not renew %d leases within lease_seconds=%s (Redis at "
-            "%s unreachable): their holders run on here while Redis may grant their slots "
-            "to others; this process admits nothing more until Redis counts them again "
-            "(leases: %s)",
+            "%s unreachable, or this process stopped): their holders run on here while "
+            "Redis may grant their slots to others; this process admits %s until Redis "
+            "counts them again (leases: %s)",
             self._describe(),
             len(leases),
             self._lease_seconds,
             self._store.redis_url,
+            "nothing more" if self._mode == "refuse" else "only through its local fallback",
             ", ".join(leases),
         )
         hook = self._on_lease_lost

@@ -12,6 +12,7 @@ keeps them; the clients follow a failover).
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 from typing import Any, Final
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
@@ -19,6 +20,7 @@ __all__ = ["SCHEMES", "Connection", "misconfiguration", "safe_url", "sentinel_pa
 
 SCHEMES: Final = ("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://")
 _SENTINEL: Final = "redis+sentinel://"
+_STATE_MISSING: Final = 2  # what CHECK_SERVER answers for a limit with no state
 _CLUSTER: Final = "redis+cluster://"
 
 
@@ -46,8 +48,16 @@ def misconfiguration(error: BaseException) -> str | None:
         text = str(error)
         if text.startswith(("NOAUTH", "WRONGPASS")):
             return f"authentication failed (a wrong or missing password?): {text}"
-        if text.lower().startswith("unknown command"):
-            return f"Redis lacks a command a shared limit needs (EVAL/EVALSHA?): {text}"
+        if "can't run this command" in text or "ACL failure in script" in text:
+            return (
+                "not authorized by Redis's ACL to run a command the limit's scripts use "
+                f"(EVAL, EVALSHA, INFO and the keys' commands): {text}"
+            )
+        if text.lower().startswith("unknown command") or "Unknown Redis command" in text:
+            return (
+                "Redis lacks a command a shared limit needs (EVAL, EVALSHA, INFO, "
+                f"renamed or disabled?): {text}"
+            )
         return None
     cause: BaseException | None = error
     while cause is not None:
@@ -63,9 +73,16 @@ class Connection:
     Redis kept (a failover) whichever call reaches the new server first."""
 
     def __init__(
-        self, url: str, *, redis_timeout: float, max_connections: int, check: list[Any]
+        self,
+        url: str,
+        *,
+        redis_timeout: float,
+        max_connections: int,
+        check: list[Any],
+        on_state_missing: Callable[[], None],
     ) -> None:
         self.url = url
+        self._on_state_missing = on_state_missing  # `check` found no state (a restart)
         self._timeout = redis_timeout
         self._max_connections = max_connections
         self._check = check
@@ -74,7 +91,7 @@ class Connection:
         await connection.on_connect()
         await connection.send_command(*self._check)
         try:
-            await connection.read_response()
+            self._checked(await connection.read_response())
         except Exception as error:
             if not _elsewhere(error):
                 raise
@@ -86,10 +103,14 @@ class Connection:
     def _check_blocking(self, connection: Any) -> None:
         connection.send_command(*self._check)
         try:
-            connection.read_response()
+            self._checked(connection.read_response())
         except Exception as error:
             if not _elsewhere(error):
                 raise
+
+    def _checked(self, reply: Any) -> None:
+        if reply == _STATE_MISSING:
+            self._on_state_missing()
 
     def admissions(self) -> Any:
         """An asyncio client with a bounded pool, each call bounded by the Redis timeout."""

@@ -55,14 +55,23 @@ class Heartbeat:
         self._first = threading.Event()  # the first renewal ended (either way)
         self._thread: threading.Thread | None = None
 
+    def end_previous(self) -> None:
+        """End the thread of an earlier event loop of this process, if any, before the
+        limit starts again on a new one (it closes the blocking connection as it ends).
+        Blocks for at most the call it has in flight."""
+        self._stopped.set()
+        thread = self._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(_JOIN_SECONDS)
+
     def start(self) -> None:
         """Start the thread (daemon: it never keeps a process alive)."""
         # New events and lock: a forked child must not inherit one its parent's thread held.
-        self._stopped = threading.Event()
+        stopped = self._stopped = threading.Event()
         self._first = threading.Event()
         self._beat_lock = threading.Lock()
         self._thread = threading.Thread(
-            target=self._run, name=f"{self._describe} heartbeat", daemon=True
+            target=self._run, args=(stopped,), name=f"{self._describe} heartbeat", daemon=True
         )
         self._thread.start()
 
@@ -87,7 +96,7 @@ class Heartbeat:
             if self._store.blocking_started:
                 self._sync.renew(full)
 
-    def _run(self) -> None:
+    def _run(self, stopped: threading.Event) -> None:
         store = self._store
         while not store.blocking_started:  # (a cluster's client asks a node at once)
             try:
@@ -95,11 +104,11 @@ class Heartbeat:
             except Exception as error:  # the admissions report an unusable URL too
                 store.failed("heartbeat", error)
                 self._first.set()
-                if self._stopped.wait(self._probe):
+                if stopped.wait(self._probe):
                     return
         recheck = min(self._period, RECHECK_SECONDS)
         last = last_full = -math.inf
-        while not self._stopped.is_set():
+        while not stopped.is_set():
             try:
                 now = time.monotonic()
                 full = self._sync.renew_now or now >= last_full + self._period
@@ -116,7 +125,7 @@ class Heartbeat:
             else:  # short naps (no Redis call): waiters that arrive meanwhile are seen soon
                 due = min(last_full + self._period, self._sync.recheck_due(last, recheck))
                 pause = min(_TICK_SECONDS, due - time.monotonic())
-            self._stopped.wait(max(0.0, pause))
+            stopped.wait(max(0.0, pause))
         store.close_blocking()
 
 
@@ -125,17 +134,20 @@ async def mailbox(
     box: str,
     *,
     granted: Callable[[str], None],
+    broken: Callable[[], None],
     closed: Callable[[], bool],
     describe: str,
 ) -> None:
     """Wake this process's waiters: Redis pushes each lease it grants them to `box`, read
-    here with a blocking pop and handed to `granted(lease)`."""
+    here with a blocking pop and handed to `granted(lease)`. `broken()` when a pop fails
+    (Redis restarted or away: the heartbeat should renew at once)."""
     backoff = 0.05
     while not closed():
         try:
             lease = await store.next_grant(box)
-        except Exception as error:  # Redis away: the heartbeat notices; try again soon
+        except Exception as error:  # Redis away or restarted: renew now; try again soon
             _log.debug("gym_concurrency: %s: mailbox: %r", describe, error)
+            broken()
             await asyncio.sleep(backoff)
             backoff = min(2 * backoff, RECHECK_SECONDS)
             continue

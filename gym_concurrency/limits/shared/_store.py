@@ -120,6 +120,7 @@ class RedisStore:
         self.held = 0  # leases held across all processes, as last seen
         self.queued = 0  # waiters queued across all processes, as last seen
         self.next_expiry = math.inf  # (monotonic) when the next lease expires, as last seen
+        self.state_missing = False  # a new connection found no state (a restart): renew now
         self.pending: PendingSize | None = PendingSize(limit, "configure")
         self.down = False  # Redis is known to be unreachable
         self.misconfigured: str | None = None  # why, once a misconfiguration fails the limit
@@ -134,6 +135,7 @@ class RedisStore:
             check=_check_server(
                 dict(zip(scripts.KEY_NAMES, self.keys, strict=True)), self.lease_ms
             ),
+            on_state_missing=self._state_gone,
         )
         self._redis_timeout = redis_timeout
         self._fallback_note = fallback_note  # what admissions do while Redis is away
@@ -225,6 +227,9 @@ class RedisStore:
         raw: list[Any] = self._blocking_scripts[script](keys=self.keys, args=self._args(args))
         self._answered(raw)
         return raw
+
+    def _state_gone(self) -> None:
+        self.state_missing = True
 
     def _answered(self, raw: list[Any]) -> None:
         """Keep the newest answer's figures (an older one that arrives later is ignored);

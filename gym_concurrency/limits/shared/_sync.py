@@ -98,6 +98,7 @@ class RedisSync:
         self._unremoved.clear()
         self._removing = False
         self._size_lock = asyncio.Lock()
+        self.background = set()  # (tasks of an earlier loop, or of the parent process)
         # New locks: a forked child must not inherit one its parent's thread held.
         self.lock = threading.Lock()
         self._renewing = threading.Lock()
@@ -170,11 +171,21 @@ class RedisSync:
             or self._store.misconfigured is not None
         )
 
+    def renew_at_once(self) -> None:
+        """Ask the heartbeat for a full renewal now (the mailbox lost its connection)."""
+        self.renew_soon = True
+
     @property
     def renew_now(self) -> bool:
         """True while a full renewal is due at once: Redis is away (a probe), slots held
-        here are not counted in Redis yet, or a notification waits for one."""
-        return self._store.down or bool(self.unregistered) or self.renew_soon
+        here are not counted in Redis yet, a notification waits for one, or a new
+        connection found the limit's state missing (a restart: holders must count again)."""
+        return (
+            self._store.down
+            or bool(self.unregistered)
+            or self.renew_soon
+            or self._store.state_missing
+        )
 
     async def _register_batch(self, waiters: list[Waiter]) -> None:
         ids = [w.id for w in waiters if w.id is not None]
@@ -198,7 +209,7 @@ class RedisSync:
         re-check admits it later)."""
         lease = waiter.id
         assert lease is not None
-        waiter.registered = True
+        waiter.registered = status != SHED  # (a renewal must not queue it again)
         if not self._waiters.current(waiter) or waiter.future.done():
             # It ended meanwhile (timeout, leave, cancel), or a notification was first.
             if lease not in self._held:
@@ -325,6 +336,13 @@ class RedisSync:
             return LimitConfigurationError(message)
         if store.pending == pending:
             store.pending = None
+        if store.misconfigured is not None:  # a size conflict (nothing else gets an answer)
+            _log.warning(
+                "gym_concurrency: %s: size %d accepted: admitting again",
+                self._describe,
+                pending.size,
+            )
+            store.misconfigured = None
         return None
 
     # --- renewal (the heartbeat thread) ------------------------------------------------
@@ -346,11 +364,16 @@ class RedisSync:
             with self.lock:
                 held = list(self._held) if full else []
                 queued = self._waiters.registered_ids(None if full else _RECHECK_WAITERS)
-                drops = list(self.dropping)
+                drops = [i for i in self.dropping if i not in self._held]
                 fresh = self.unregistered.intersection(held)
                 self._inflight = {*held, *queued}
-            was_refusing = self.refusing()
             sent = time.monotonic()
+            if full:
+                self._store.state_missing = False  # (this renewal restores the state)
+            # Leases a lease past their last confirmation were lost even if this renewal
+            # works: the process (or this thread) was stopped meanwhile, Redis ran on.
+            self._find_lost(sent)
+            was_refusing = self.refusing()
             try:
                 reply = self._store.sync_blocking(held, queued, drops)
             except self._store.failures as error:
@@ -382,10 +405,12 @@ class RedisSync:
             )
 
     def drop_later(self, ids: list[str]) -> None:
-        """Remove `ids` from Redis with the next renewals that work (see `dropping`)."""
+        """Remove `ids` from Redis with the next renewals that work (see `dropping`); never
+        one held here (its grant came through the mailbox before its call's error)."""
         with self.lock:
             for ident in ids:
-                self.dropping.setdefault(ident, math.inf)
+                if ident not in self._held:
+                    self.dropping.setdefault(ident, math.inf)
 
     def _settle(self, drops: list[str] | None, sent: float = math.inf) -> list[str]:
         """The renewal ended (`drops` were dropped by a renewal sent at `sent`, if it

@@ -18,7 +18,7 @@ class Waiter:
     `registered` once Redis has its ticket (`sent_at`: when it was sent, monotonic),
     `fallback` its future in the local fallback."""
 
-    __slots__ = ("fallback", "future", "id", "registered", "sent_at", "timer")
+    __slots__ = ("fallback", "future", "id", "registered", "sent_at", "timer", "unavailable")
 
     def __init__(self, ident: str | None, future: asyncio.Future[Admission]) -> None:
         self.id = ident
@@ -27,6 +27,7 @@ class Waiter:
         self.sent_at = -math.inf
         self.timer: asyncio.TimerHandle | None = None
         self.fallback: asyncio.Future[Admission] | None = None
+        self.unavailable = False  # counted in admission_unavailable (once per arrival)
 
 
 class Waiters:

@@ -372,8 +372,10 @@ class SharedLimit(AwayMixin, LimitBase):
                 waiter.future.set_result("unavailable")
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_CLOSE_SECONDS):
-                while self._sync.background:  # registrations in flight remove what they made
-                    await asyncio.gather(*self._sync.background, return_exceptions=True)
+                # Registrations in flight remove what they made. (A task that is done may
+                # still be in the set until its callback runs: waiting on it would not yield.)
+                while pending := [t for t in self._sync.background if not t.done()]:
+                    await asyncio.wait(pending)
         ids += self._sync.unsent_ids()
         if not self._store.down:
             with contextlib.suppress(*self._store.failures):
@@ -425,6 +427,7 @@ class SharedLimit(AwayMixin, LimitBase):
         return loop
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._heartbeat.end_previous()  # (a new event loop: the old one closed)
         self._loop = loop
         self._pid = os.getpid()
         self._proc = uuid.uuid4().hex  # this process's part of every id: never reused
@@ -442,6 +445,7 @@ class SharedLimit(AwayMixin, LimitBase):
                     self._store,
                     self._store.mailbox_prefix + self._proc,
                     granted=self._sync.notified,
+                    broken=self._sync.renew_at_once,
                     closed=self._is_closed,
                     describe=describe,
                 ),

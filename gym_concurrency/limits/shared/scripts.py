@@ -99,7 +99,7 @@ local function lost()
   if CONTACTED then return TTL end
   local server = redis.call('INFO', 'server')
   local up = tonumber(string.match(server, 'uptime_in_seconds:(%d+)')) or 0
-  local young = math.min(TTL, 2000)
+  local young = math.min(TTL, math.max(2000, math.floor(TTL / 3) + 500))
   if up * 1000 < young then return young end
   local replication = redis.call('INFO', 'replication')
   if (tonumber(string.match(replication, 'second_repl_offset:(-?%d+)')) or -1) >= 0 then
@@ -342,10 +342,11 @@ return answer(status, limit, tostring(configured or ''))
 # replica promoted by a failover, a snapshot restored: its last writes may be missing), hand
 # out nothing for one lease while live processes re-register what they hold. Every process
 # reconnects after a failover, so one of them finds it before any script runs there.
-# Answers 1 if it started a grace period, else 0.
+# Answers 1 if it started a grace period, 2 if the state is missing (a restart: the process
+# renews at once, so that its holders count again soon), else 0.
 CHECK_SERVER: Final = """
 local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 0 then return 2 end
 local kept = redis.call('HGET', KEYS[2], 'run')
 redis.call('HSET', KEYS[2], 'run', run)
 if kept and kept ~= run then
