@@ -146,6 +146,9 @@ async def mailbox(
         try:
             lease = await store.next_grant(box)
         except Exception as error:  # Redis away or restarted: renew now; try again soon
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # a cancel the client made an error
+                raise asyncio.CancelledError from error  # (asyncio.run's shutdown waits on it)
             _log.debug("gym_concurrency: %s: mailbox: %r", describe, error)
             broken()
             await asyncio.sleep(backoff)
