@@ -320,6 +320,7 @@ async def test_resize_is_global_grows_fifo_at_once_and_shrinking_revokes_nothing
     assert await third == "admitted"
     b.release()
     a.resize(0)  # pauses admission; waiters keep waiting
+    await settle(a)  # (a resize is applied when Redis answers: before b asks, here)
     paused = b.enqueue()
     await settle(a, b)
     assert not paused.done()

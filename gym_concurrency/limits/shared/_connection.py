@@ -112,18 +112,24 @@ class Connection:
         if reply == _STATE_MISSING:
             self._on_state_missing()
 
-    def admissions(self) -> Any:
-        """An asyncio client with a bounded pool, each call bounded by the Redis timeout."""
-        import redis.asyncio as aioredis
+    def _async_options(self) -> dict[str, Any]:
+        """What every asyncio client of the limit shares: one try per call (the limit has
+        its own retries), the connect timeout, and `check` on every new connection."""
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
-        common: dict[str, Any] = {
+        return {
             "decode_responses": True,
             "socket_connect_timeout": self._timeout,
             "retry": Retry(NoBackoff(), 1),
             "redis_connect_func": self._connected,
         }
+
+    def admissions(self) -> Any:
+        """An asyncio client with a bounded pool, each call bounded by the Redis timeout."""
+        import redis.asyncio as aioredis
+
+        common = self._async_options()
         if self.url.startswith(_SENTINEL):
             return self._async_sentinel(self._timeout, common)
         if self.url.startswith(_CLUSTER):
@@ -139,15 +145,8 @@ class Connection:
     def mailbox(self, wait: float) -> Any:
         """An asyncio client for blocking pops of up to `wait` seconds."""
         import redis.asyncio as aioredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
 
-        common: dict[str, Any] = {
-            "decode_responses": True,
-            "socket_connect_timeout": self._timeout,
-            "retry": Retry(NoBackoff(), 1),
-            "redis_connect_func": self._connected,
-        }
+        common = self._async_options()
         if self.url.startswith(_SENTINEL):
             return self._async_sentinel(wait + self._timeout, common)
         if self.url.startswith(_CLUSTER):
