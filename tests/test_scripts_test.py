@@ -126,6 +126,7 @@ def path_without(tmp_path: Path, missing: str) -> str:
         "promtool",
         "chromium",
         "redis-server",
+        "openssl",
     ):
         found = shutil.which(tool)
         if tool != missing and found is not None:
