@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -118,3 +119,20 @@ class RedisServer:
         self.stop()
         time.sleep(down_seconds)
         self.start()
+
+
+def settle_on(
+    condition: Callable[[], bool], what: str, within: float = 30.0, *, who: str = "Redis"
+) -> None:
+    """Wait until `condition()` holds (an error from a node that is still coming up counts
+    as not yet); AssertionError naming `what` after `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            if condition():
+                return
+        except (redis.RedisError, OSError, StopIteration):
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{who}: no {what} within {within} s")
+        time.sleep(0.05)

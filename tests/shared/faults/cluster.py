@@ -11,12 +11,10 @@ import os
 import shutil
 import signal
 import subprocess
-import time
+from collections.abc import Callable
 from pathlib import Path
 
-import redis
-
-from tests.shared.redis_server import RedisServer, free_port
+from tests.shared.redis_server import RedisServer, free_port, settle_on
 
 
 class ClusterDeployment:
@@ -112,17 +110,8 @@ class ClusterDeployment:
             self._is_primary(n) or self._link_up(n) for n in live
         )
 
-    def _wait(self, condition: object, what: str, within: float = 30.0) -> None:
-        deadline = time.monotonic() + within
-        while True:
-            try:
-                if condition():  # type: ignore[operator]
-                    return
-            except (redis.RedisError, OSError, StopIteration):
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"Cluster: no {what} within {within} s")
-            time.sleep(0.05)
+    def _wait(self, condition: Callable[[], bool], what: str, within: float = 30.0) -> None:
+        settle_on(condition, what, within, who="Cluster")
 
     def stop(self) -> None:
         for node in self.nodes:

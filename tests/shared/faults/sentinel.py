@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
 
-from tests.shared.redis_server import RedisServer, free_port
+from tests.shared.redis_server import RedisServer, free_port, settle_on
 
 SERVICE = "mymaster"
 
@@ -109,17 +109,8 @@ class SentinelDeployment:
             return False
         return any(r.get("flags") == "slave" for r in replicas)
 
-    def _wait(self, condition: object, what: str, within: float = 30.0) -> None:
-        deadline = time.monotonic() + within
-        while True:
-            try:
-                if condition():  # type: ignore[operator]
-                    return
-            except (redis.RedisError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"Sentinel: no {what} within {within} s")
-            time.sleep(0.05)
+    def _wait(self, condition: Callable[[], bool], what: str, within: float = 30.0) -> None:
+        settle_on(condition, what, within, who="Sentinel")
 
     def stop(self) -> None:
         self.process.terminate()
