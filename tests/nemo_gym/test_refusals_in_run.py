@@ -9,6 +9,8 @@ and reads the replies with `_episode_record` and `is_terminal_failure`, as `--re
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -200,7 +202,7 @@ async def held(component: str, rows: list[dict[str, Any]]) -> list[dict[str, Any
             inner_limits = limits_of(component)
             held_limits = [*inner_limits.values(), server.local]
             for limit in held_limits:
-                await limit.acquire()
+                await take_when_idle(limit)
             try:
                 results = await collector.collect(rows, within=10)
             finally:
@@ -208,6 +210,18 @@ async def held(component: str, rows: list[dict[str, Any]]) -> list[dict[str, Any
                     limit.release()
     replies = {r["task_id"]["task_id"]: reply for r, reply in results}
     return [replies[r["task_id"]["task_id"]] for r in rows]
+
+
+async def take_when_idle(limit: MeteredSemaphore, within: float = 5.0) -> None:
+    """Take `limit`'s slot once no request holds it: a server gives a slot back just after
+    its answer reached the client, so the warm-up's may still be held (and with max_queue=0
+    an acquire would be refused). The inner limits belong to the server's thread; once idle,
+    nothing there touches them until the rows are sent."""
+    deadline = time.monotonic() + within
+    while limit.active or limit.queue_depth:
+        assert time.monotonic() < deadline, f"{limit!r} still busy after {within} s"
+        await asyncio.sleep(0.01)
+    assert limit.try_acquire(), limit
 
 
 def non_terminal(reply: dict[str, Any], stage: str) -> str:

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 
 import redis
 
+from tests.shared.faults.witness import Timeline
+
 # The lease of every limit in the fault tests (s): short, so that 10x the lease stays short.
 LEASE = float(os.environ.get("GYM_FAULT_LEASE", "0.8"))
 # A multiple of each test's runs (the default: 10 runs of each fault the goals name).
@@ -40,6 +42,38 @@ class Run:
     @property
     def over(self) -> bool:
         return self.over_seconds > 0
+
+
+def measure(
+    timeline: Timeline,
+    fault: str,
+    detail: str,
+    limit: int,
+    start: float,
+    end: float,
+    *,
+    settle: float,
+) -> Run:
+    """One run's row: the holders over `limit` from `start` until `settle` s after the fault's
+    `end`, and how soon after `end` the limit was full again."""
+    over = timeline.over(limit, start, end + settle)
+    full = timeline.full_again(limit, end)
+    return Run(
+        fault,
+        detail,
+        max([i.peak for i in over], default=limit),
+        sum(i.seconds for i in over),
+        None if full is None else full - end,
+    )
+
+
+def check(line: str, rows: list[Run], *, recovered_within: float) -> None:
+    """No run over the limit, and every run full again within `recovered_within` s."""
+    assert [r for r in rows if r.over] == [], line
+    late = [
+        r for r in rows if r.recovered_seconds is None or r.recovered_seconds > recovered_within
+    ]
+    assert late == [], (f"not full again within {recovered_within} s", line, late)
 
 
 def summary(fault: str, limit: int, rows: list[Run]) -> str:

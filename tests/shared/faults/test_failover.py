@@ -20,7 +20,7 @@ import pytest
 
 from tests.shared.faults.cluster import ClusterDeployment
 from tests.shared.faults.fleet import Fleet, unreconciled
-from tests.shared.faults.runs import FAST, LEASE, Run, leftover_keys, runs, summary
+from tests.shared.faults.runs import FAST, LEASE, check, leftover_keys, measure, runs, summary
 from tests.shared.faults.sentinel import SentinelDeployment
 from tests.shared.faults.witness import Witness
 
@@ -78,24 +78,12 @@ def test_a_failover_during_a_flood_never_admits_over_the_limit(
     finals = fleet.stop()
 
     timeline = witness.timeline()
-    rows = []
-    for way, start, end in windows:
-        over = timeline.over(limit, start, end + 2 * LEASE)
-        full = timeline.full_again(limit, end)
-        rows.append(
-            Run(
-                "failover",
-                way,
-                max([i.peak for i in over], default=limit),
-                sum(i.seconds for i in over),
-                None if full is None else full - end,
-            )
-        )
+    rows = [
+        measure(timeline, "failover", way, limit, start, end, settle=2 * LEASE)
+        for way, start, end in windows
+    ]
     kind = type(deployment).__name__.removesuffix("Deployment")
     line = summary(f"{kind} failover during a flood", limit, rows)
-    assert [r for r in rows if r.over] == [], line
-    assert all(
-        r.recovered_seconds is not None and r.recovered_seconds <= 2 * LEASE for r in rows
-    ), rows
+    check(line, rows, recovered_within=2 * LEASE)
     assert unreconciled(finals) == []
     assert leftover_keys(deployment.primary(key).client()) == []

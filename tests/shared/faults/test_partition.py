@@ -11,7 +11,7 @@ import time
 
 from tests.shared.faults.fleet import Fleet, unreconciled
 from tests.shared.faults.proxy import Proxy
-from tests.shared.faults.runs import FAST, LEASE, Run, leftover_keys, runs, summary
+from tests.shared.faults.runs import FAST, LEASE, leftover_keys, measure, runs, summary
 from tests.shared.faults.witness import Witness
 from tests.shared.redis_server import RedisServer
 
@@ -49,17 +49,7 @@ def test_a_process_cut_off_longer_than_its_lease_admits_nothing_new(
     timeline = witness.timeline()
     rows, wrong = [], []
     for mode, start, healed, done, lost, lost_before in windows:
-        over = timeline.over(limit, start, done + 2 * LEASE)
-        full = timeline.full_again(limit, done)
-        rows.append(
-            Run(
-                "partition",
-                mode,
-                max([i.peak for i in over], default=limit),
-                sum(i.seconds for i in over),
-                None if full is None else full - done,
-            )
-        )
+        rows.append(measure(timeline, "partition", mode, limit, start, done, settle=2 * LEASE))
         # Over only by the holders it had when cut off: without them, never over.
         beyond = timeline.over(limit, start, done + 2 * LEASE, exclude={"cut.hold": limit})
         if beyond:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from tests.shared.faults.fleet import Fleet, unreconciled
-from tests.shared.faults.runs import FAST, LEASE, Run, leftover_keys, runs, summary
+from tests.shared.faults.runs import FAST, LEASE, check, leftover_keys, measure, runs, summary
 from tests.shared.faults.witness import Witness
 from tests.shared.redis_server import RedisServer
 
@@ -51,25 +51,13 @@ def test_a_restart_then_a_join_or_a_resize_never_admits_over_the_limit(
     finals = fleet.stop()
 
     timeline = witness.timeline()
-    rows = []
-    for way, start, end in windows:
-        over = timeline.over(limit, start, end + 2 * RESTART_LEASE)
-        full = timeline.full_again(limit, end)
-        rows.append(
-            Run(
-                "restart",
-                way,
-                max([i.peak for i in over], default=limit),
-                sum(i.seconds for i in over),
-                None if full is None else full - end,
-            )
-        )
+    rows = [
+        measure(timeline, "restart", way, limit, start, end, settle=2 * RESTART_LEASE)
+        for way, start, end in windows
+    ]
     line = summary(
         f"Redis restarted empty, then a join or a resize (its lease {RESTART_LEASE} s)", limit, rows
     )
-    assert [r for r in rows if r.over] == [], line
-    assert all(
-        r.recovered_seconds is not None and r.recovered_seconds <= 2 * RESTART_LEASE for r in rows
-    ), rows
+    check(line, rows, recovered_within=2 * RESTART_LEASE)
     assert unreconciled(finals) == []
     assert leftover_keys(store.client()) == []

@@ -8,7 +8,15 @@ from __future__ import annotations
 import time
 
 from tests.shared.faults.fleet import Fleet, unreconciled
-from tests.shared.faults.runs import FAST, LEASE, Run, leftover_keys, multiples, summary
+from tests.shared.faults.runs import (
+    FAST,
+    LEASE,
+    check,
+    leftover_keys,
+    measure,
+    multiples,
+    summary,
+)
 from tests.shared.faults.witness import Witness
 from tests.shared.redis_server import RedisServer
 
@@ -32,23 +40,11 @@ def test_a_blocked_event_loop_keeps_its_leases(
     finals = fleet.stop()
 
     timeline = witness.timeline()
-    rows = []
-    for multiple, start, end in windows:
-        over = timeline.over(limit, start, end + 2 * LEASE)
-        full = timeline.full_again(limit, end)
-        rows.append(
-            Run(
-                "stall",
-                f"{multiple}x",
-                max([i.peak for i in over], default=limit),
-                sum(i.seconds for i in over),
-                None if full is None else full - end,
-            )
-        )
+    rows = [
+        measure(timeline, "stall", f"{multiple}x", limit, start, end, settle=2 * LEASE)
+        for multiple, start, end in windows
+    ]
     line = summary("event loop blocked 0.5-10x the lease", limit, rows)
-    assert [r for r in rows if r.over] == [], line
-    assert all(
-        r.recovered_seconds is not None and r.recovered_seconds <= 2 * LEASE for r in rows
-    ), rows
+    check(line, rows, recovered_within=2 * LEASE)
     assert unreconciled(finals) == []
     assert leftover_keys(store.client()) == []
