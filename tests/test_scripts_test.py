@@ -28,7 +28,8 @@ case "$1 $2" in
     echo "{NOISE}" >&2
     exit "${{FAKE_PIP_STATUS:-0}}";;
 "-m venv")
-    mkdir -p "$3/bin" && cp "$0" "$3/bin/python" && echo "venv $3" >>"$FAKE_LOG"
+    mkdir -p "$3/bin" "$3/lib/python3/site-packages/pip" && cp "$0" "$3/bin/python"
+    echo "venv $3" >>"$FAKE_LOG"
     exit 0;;
 esac
 exec "{sys.executable}" "$@"
@@ -93,10 +94,23 @@ def test_a_first_run_says_each_step_and_keeps_pip_s_output_back(tmp_path: Path):
     assert NOISE not in again.stdout + again.stderr
 
 
+def test_a_venv_left_without_pip_is_made_again(tmp_path: Path):
+    """A first run stopped while `python -m venv` ran leaves a python and no pip: the next
+    run makes the venv again instead of failing with "No module named pip"."""
+    python = stand_in(tmp_path / "python", PYTHON)
+    venv, log = tmp_path / "venv", tmp_path / "calls.log"
+    stand_in(venv / "bin" / "python", PYTHON)
+    again = run("test", SMALL_TEST, PYTHON=str(python), VENV=str(venv), FAKE_LOG=str(log))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.splitlines()[0] == f"test: creating the venv {venv} ({python})"
+    assert log.read_text().splitlines()[0] == f"venv {venv}"
+
+
 def test_a_failing_install_shows_pip_s_output_and_stops(tmp_path: Path):
     python = stand_in(tmp_path / "python", PYTHON)
     venv, log = tmp_path / "venv", tmp_path / "calls.log"
     stand_in(venv / "bin" / "python", PYTHON)
+    (venv / "lib" / "python3" / "site-packages" / "pip").mkdir(parents=True)
     failed = run(
         "test",
         SMALL_TEST,
