@@ -31,6 +31,10 @@ case "$1 $2" in
     mkdir -p "$3/bin" "$3/lib/python3/site-packages/pip" && cp "$0" "$3/bin/python"
     echo "venv $3" >>"$FAKE_LOG"
     exit 0;;
+"-m ensurepip")
+    mkdir -p "$(dirname "$0")/../lib/python3/site-packages/pip"
+    echo "ensurepip $*" >>"$FAKE_LOG"
+    exit 0;;
 esac
 exec "{sys.executable}" "$@"
 """
@@ -94,16 +98,22 @@ def test_a_first_run_says_each_step_and_keeps_pip_s_output_back(tmp_path: Path):
     assert NOISE not in again.stdout + again.stderr
 
 
-def test_a_venv_left_without_pip_is_made_again(tmp_path: Path):
+def test_a_venv_left_without_pip_gets_pip(tmp_path: Path):
     """A first run stopped while `python -m venv` ran leaves a python and no pip: the next
-    run makes the venv again instead of failing with "No module named pip"."""
+    run adds pip (keeping the venv) instead of failing with "No module named pip"."""
     python = stand_in(tmp_path / "python", PYTHON)
     venv, log = tmp_path / "venv", tmp_path / "calls.log"
     stand_in(venv / "bin" / "python", PYTHON)
+    kept = venv / "kept.txt"
+    kept.write_text("the venv's own")
     again = run("test", SMALL_TEST, PYTHON=str(python), VENV=str(venv), FAKE_LOG=str(log))
     assert again.returncode == 0, again.stdout + again.stderr
-    assert again.stdout.splitlines()[0] == f"test: creating the venv {venv} ({python})"
-    assert log.read_text().splitlines()[0] == f"venv {venv}"
+    assert again.stdout.splitlines()[0] == f"test: installing pip into {venv} (it has none)"
+    assert log.read_text().splitlines()[0] == "ensurepip -m ensurepip --upgrade"
+    assert kept.read_text() == "the venv's own"
+    second = run("test", SMALL_TEST, PYTHON=str(python), VENV=str(venv), FAKE_LOG=str(log))
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "installing pip" not in second.stdout  # there now
 
 
 def test_a_failing_install_shows_pip_s_output_and_stops(tmp_path: Path):
