@@ -25,13 +25,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_until(condition: Any, timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll `condition()` until it is true; AssertionError naming `what` after `timeout` s."""
+def wait_until(
+    condition: Any, timeout: float = 10.0, what: str = "condition", interval: float = 0.005
+) -> None:
+    """Poll `condition()` every `interval` s until it is true; AssertionError naming `what`
+    after `timeout` s."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.005)
+        time.sleep(interval)
 
 
 async def eventually(condition: Any, what: str, seconds: float = 4.0) -> None:

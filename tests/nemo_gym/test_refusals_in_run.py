@@ -9,8 +9,6 @@ and reads the replies with `_episode_record` and `is_terminal_failure`, as `--re
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -63,6 +61,7 @@ from tests.nemo_gym.environment import (  # noqa: E402
     serve_on_this_loop,
 )
 from tests.registry import limits_of  # noqa: E402
+from tests.servers import eventually  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("nemo_gym_http_client")
 
@@ -212,15 +211,13 @@ async def held(component: str, rows: list[dict[str, Any]]) -> list[dict[str, Any
     return [replies[r["task_id"]["task_id"]] for r in rows]
 
 
-async def take_when_idle(limit: MeteredSemaphore, within: float = 5.0) -> None:
+async def take_when_idle(limit: MeteredSemaphore) -> None:
     """Take `limit`'s slot once no request holds it: a server gives a slot back just after
     its answer reached the client, so the warm-up's may still be held (and with max_queue=0
     an acquire would be refused). The inner limits belong to the server's thread; once idle,
     nothing there touches them until the rows are sent."""
-    deadline = time.monotonic() + within
-    while limit.active or limit.queue_depth:
-        assert time.monotonic() < deadline, f"{limit!r} still busy after {within} s"
-        await asyncio.sleep(0.01)
+    idle = lambda: not (limit.active or limit.queue_depth)  # noqa: E731
+    await eventually(idle, f"{limit!r} to be idle", seconds=5.0)
     assert limit.try_acquire(), limit
 
 

@@ -7,7 +7,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -15,13 +14,9 @@ from pathlib import Path
 
 import redis
 
-__all__ = ["RedisServer", "free_port"]
+from tests.servers import free_port, wait_until
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+__all__ = ["RedisServer", "free_port", "settle_on"]
 
 
 class RedisServer:
@@ -124,15 +119,13 @@ class RedisServer:
 def settle_on(
     condition: Callable[[], bool], what: str, within: float = 30.0, *, who: str = "Redis"
 ) -> None:
-    """Wait until `condition()` holds (an error from a node that is still coming up counts
-    as not yet); AssertionError naming `what` after `within` seconds."""
-    deadline = time.monotonic() + within
-    while True:
+    """`wait_until(condition)`, where an error from a node that is still coming up counts as
+    not yet; AssertionError naming `who` and `what` after `within` seconds."""
+
+    def holds() -> bool:
         try:
-            if condition():
-                return
+            return bool(condition())
         except (redis.RedisError, OSError, StopIteration):
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{who}: no {what} within {within} s")
-        time.sleep(0.05)
+            return False
+
+    wait_until(holds, within, f"{who}: {what}", interval=0.05)
