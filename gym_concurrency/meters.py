@@ -34,6 +34,7 @@ _log = logging.getLogger("gym_concurrency")
 _MOVED = object()  # the API no longer has the private global: ask it the public way
 _METERS: weakref.WeakKeyDictionary[MeterProvider, Meter] = weakref.WeakKeyDictionary()
 _environment_consulted = False
+_global_seen: MeterProvider | None = None  # the global provider, once it was seen to be one
 
 
 def is_exporting(provider: MeterProvider) -> bool:
@@ -47,17 +48,25 @@ def current_provider(meter_provider: MeterProvider | None = None) -> MeterProvid
     Reads the API's set-once global directly: `get_meter_provider()` looks the environment up
     on every call, which would cost more than the rest of a request's bookkeeping.
     """
-    global _environment_consulted
+    global _environment_consulted, _global_seen
     if meter_provider is not None:
         return meter_provider
     provider = getattr(_api_internal, "_METER_PROVIDER", _MOVED)
-    if provider is _MOVED:  # pragma: no cover - depends on the API's internals
-        return metrics.get_meter_provider()
-    if provider is None and not _environment_consulted:
+    # The common answers first, with no ABC isinstance (slow, and paid on every operation).
+    if provider is None:
+        if _environment_consulted:
+            return None
         _environment_consulted = True
         metrics.get_meter_provider()  # lets OTEL_PYTHON_METER_PROVIDER set the global now
         provider = getattr(_api_internal, "_METER_PROVIDER", None)
-    return provider if isinstance(provider, MeterProvider) else None
+    elif provider is _global_seen:
+        return _global_seen
+    if provider is _MOVED:  # pragma: no cover - depends on the API's internals
+        return metrics.get_meter_provider()
+    if isinstance(provider, MeterProvider):
+        _global_seen = provider  # set once per process: checked once
+        return provider
+    return None
 
 
 def meter_for(provider: MeterProvider) -> Meter:

@@ -171,6 +171,7 @@ async def _wait_reading(
         route.limit.leave(waiter)
         return "cancelled"
     assert result is not None
+    route.limit.settle(waiter)
     return result
 
 

@@ -148,6 +148,10 @@ class LimitBase:
         """Take `waiter` out of the queue if it is still there (True), undoing what it queues."""
         raise NotImplementedError
 
+    def settle(self, waiter: asyncio.Future[Admission]) -> None:
+        """The task awaiting `waiter` resumed with its wait ended; a kind that holds slots
+        back for waiters not yet resumed (MeteredSemaphore) ends that hand-over here."""
+
     def _queue_full(self) -> str:
         """What a QueueFullError says after the limit's name."""
         return f"{self.queue_depth} tasks already waiting (max_queue={self._max_queue})"
@@ -176,23 +180,21 @@ class LimitBase:
     async def acquire(self) -> Literal[True]:
         """Take a slot, waiting in FIFO order; raises TimeoutError, QueueFullError,
         LimitUnavailableError, or cancels (leaving the queue)."""
-        if self.try_acquire():
-            return True
-        return await self._wait()
+        if not self.try_acquire():
+            admission = await wait_in_queue(self)
+            if admission != "admitted":
+                raise self._refused(admission)
+        return True
 
     async def __aenter__(self) -> None:
         # acquire() without a second coroutine (asyncio's mixin awaits self.acquire()).
         if not self.try_acquire():
-            await self._wait()
+            admission = await wait_in_queue(self)
+            if admission != "admitted":
+                raise self._refused(admission)
 
     async def __aexit__(self, *exc: object) -> None:
         self.release()
-
-    async def _wait(self) -> Literal[True]:
-        result = await wait_in_queue(self)
-        if result == "admitted":
-            return True
-        raise self._refused(result)
 
     def _refused(self, refusal: Refusal) -> Exception:
         """The exception `acquire()` raises for `refusal`."""
@@ -215,6 +217,7 @@ class LimitBase:
             self._cancelled += counted
         elif waiter.result() == "admitted":
             self._cancelled += counted
+            self.settle(waiter)
             self.release()
 
 

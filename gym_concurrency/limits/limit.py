@@ -5,8 +5,10 @@ limit shared across processes).
 Admission without raising: `try_acquire()` takes a free slot at once; otherwise `enqueue()`
 returns a future that ends with an `Admission`: "admitted" (the slot is held), or a `Refusal`:
 "timeout", "shed" (the queue was full; the future is then done already) or "unavailable" (a
-shared limit could not be reached). A waiter that gives up (its client left, its task was
-cancelled) calls `leave(waiter)`, which also passes on a slot handed to it in that same moment.
+shared limit could not be reached). The task that awaited the future calls `settle(waiter)`
+once it resumes and keeps what it got, or, if it gives up (its client left, its task was
+cancelled), `leave(waiter)`, which also passes on a slot handed to it in that same moment.
+`wait_in_queue()` does both; every caller of `enqueue()` ends its wait one of these two ways.
 State is read as one frozen `statistics()` value, as anyio's CapacityLimiter answers.
 """
 
@@ -126,6 +128,11 @@ class Limit(Protocol):
         """Join the queue; the future ends with how the wait ended (done at once if shed)."""
         ...
 
+    def settle(self, waiter: asyncio.Future[Admission]) -> None:
+        """The task awaiting `waiter` resumed and keeps what the wait ended with: a slot
+        handed to it is its own from now on."""
+        ...
+
     def leave(self, waiter: asyncio.Future[Admission], *, cancelled: bool = True) -> None:
         """Give up waiting: counted as cancelled (if `cancelled`) unless the wait had ended;
         a slot handed to `waiter` at that moment passes on."""
@@ -158,7 +165,9 @@ async def wait_in_queue(limit: Limit) -> Admission:
     handed over at that moment passes on) and re-raise."""
     waiter = limit.enqueue()
     try:
-        return await waiter
+        admission = await waiter
     except asyncio.CancelledError:
         limit.leave(waiter)
         raise
+    limit.settle(waiter)
+    return admission

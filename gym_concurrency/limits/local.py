@@ -51,10 +51,11 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         # deadlines are in queue order too: one timer, for the oldest waiter, serves them all.
         self._queue: OrderedDict[asyncio.Future[Admission], float | None] = OrderedDict()
         self._timer: asyncio.TimerHandle | None = None
-        # Waiters handed a slot whose tasks have not resumed yet. Until they have, no later
-        # acquire takes a slot at once, as in asyncio.Semaphore: a task that releases and
-        # re-acquires runs after the waiters it handed slots to.
-        self._handed = 0
+        # Waiters handed a slot whose tasks have not resumed yet (`settle()` or `leave()` ends
+        # each hand-over). Until they have, no later acquire takes a slot at once, as in
+        # asyncio.Semaphore: a task that releases and re-acquires runs after the waiters it
+        # handed slots to.
+        self._handed: set[asyncio.Future[Admission]] = set()
         self._register()
 
     # --- state -----------------------------------------------------------------------
@@ -81,7 +82,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
 
     def locked(self) -> bool:
         """True if `acquire()` would wait (or fail) rather than take a slot at once."""
-        return self._active >= self._limit or bool(self._queue) or self._handed > 0
+        return self._active >= self._limit or bool(self._queue) or bool(self._handed)
 
     def __repr__(self) -> str:
         # asyncio's own shape ("... object at 0x... [unlocked, value:1]"), with the limit's
@@ -123,9 +124,6 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             if self._timer is None:
                 self._timer = loop.call_at(deadline, self._expire)
         self._queue[waiter] = deadline
-        # Added before the waiting task awaits the future, so it runs just before that task
-        # resumes: the moment its hand-over is complete.
-        waiter.add_done_callback(self._resumed)
         return waiter
 
     def _forget(self, waiter: asyncio.Future[Admission]) -> bool:
@@ -174,14 +172,15 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             if waiter.done():  # cancelled with its task, which counts it when it leaves
                 continue
             self._active += 1
-            self._handed += 1
+            self._handed.add(waiter)
             waiter.set_result("admitted")
 
-    def _resumed(self, waiter: asyncio.Future[Admission]) -> None:
-        """A waiter's wait ended; if it was handed a slot, the hand-over is done and waiters
-        that queued behind it get the slots still free (as asyncio.Semaphore does)."""
-        if waiter.cancelled() or waiter.result() != "admitted":
-            return
-        self._handed -= 1
-        if self._queue:
-            self._admit_waiters()
+    def settle(self, waiter: asyncio.Future[Admission]) -> None:
+        """The task awaiting `waiter` resumed: a slot handed to it is its own from now on, and
+        waiters that queued behind the hand-over get the slots still free (as
+        asyncio.Semaphore's resumed task does). Called in that task, not as a loop callback."""
+        handed = self._handed
+        if handed:
+            handed.discard(waiter)
+            if self._queue:
+                self._admit_waiters()

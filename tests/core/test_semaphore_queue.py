@@ -158,3 +158,48 @@ async def test_a_request_is_not_shed_while_a_slot_is_free_for_a_hand_over() -> N
     assert await second is True
     assert sem.admission_shed == 0
     assert (sem.active, sem.queue_depth) == (2, 0)
+
+
+async def test_a_slot_handed_over_is_held_back_until_its_waiter_settles() -> None:
+    # asyncio.Semaphore's FIFO: a slot handed to a waiter whose task has not resumed yet is not
+    # taken by a task that arrives meanwhile; settle() (the waiter's task resuming) ends that.
+    sem = MeteredSemaphore(2)
+    assert sem.try_acquire()
+    assert sem.try_acquire()
+    first, second = sem.enqueue(), sem.enqueue()
+    sem.release()
+    assert first.result() == "admitted"
+    sem.release()  # `second` gets the other slot: both handed, none resumed
+    assert second.result() == "admitted"
+    sem.settle(first)
+    assert sem.locked()  # full: both slots are the waiters'
+    sem.release()  # `first` is done with its slot, `second` has not resumed yet
+    assert not sem.try_acquire()  # held back for the hand-over still under way
+    sem.settle(second)
+    assert sem.try_acquire()  # nothing is held back once every waiter resumed
+
+
+async def test_settle_is_a_no_op_for_a_wait_that_was_not_handed_a_slot() -> None:
+    sem = MeteredSemaphore(1, timeout=0.01)
+    assert sem.try_acquire()
+    waiter = sem.enqueue()
+    assert await waiter == "timeout"
+    sem.settle(waiter)
+    sem.settle(waiter)
+    sem.release()
+    assert sem.try_acquire()
+
+
+async def test_a_task_that_resumes_admits_those_queued_behind_its_hand_over() -> None:
+    # Two slots free up while one task waits: it is handed one; a task arriving before it
+    # resumes queues (FIFO), and gets the free slot once the first resumes, with no release.
+    sem = MeteredSemaphore(2)
+    assert sem.try_acquire()
+    assert sem.try_acquire()
+    waiting = asyncio.create_task(sem.acquire())
+    await asyncio.sleep(0)
+    sem.release()
+    sem.release()
+    late = asyncio.create_task(sem.acquire())
+    assert await asyncio.wait_for(asyncio.gather(waiting, late), 2) == [True, True]
+    assert (sem.active, sem.queue_depth) == (2, 0)

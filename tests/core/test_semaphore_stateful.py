@@ -69,10 +69,12 @@ class Attempt:
             return "admitted"
         waiter = sem.enqueue()
         try:
-            return await waiter
+            admission = await waiter
         except asyncio.CancelledError:
             sem.leave(waiter)
             raise
+        sem.settle(waiter)  # as the middleware does once its wait ended
+        return admission
 
     async def run(
         self, sem: MeteredSemaphore, wait: Callable[[MeteredSemaphore], Awaitable[str]]
@@ -188,6 +190,14 @@ class SemaphoreMachine(RuleBasedStateMachine):
     def no_waiter_while_a_slot_is_free(self) -> None:
         if hasattr(self, "sem"):
             assert not (self.sem.queue_depth and self.sem.active < self.sem.limit)
+
+    @invariant()
+    def no_hand_over_outlives_its_task(self) -> None:
+        # Once every task has run, a slot is held back for nobody: locked() only when full or
+        # someone waits (a hand-over never settled would keep try_acquire() failing forever).
+        if hasattr(self, "sem"):
+            sem = self.sem
+            assert sem.locked() == (sem.active >= sem.limit or sem.queue_depth > 0)
 
     @invariant()
     def admitted_in_arrival_order(self) -> None:

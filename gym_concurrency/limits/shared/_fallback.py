@@ -41,7 +41,13 @@ class Fallback:
         inner = semaphore.enqueue()
         if inner.done():
             return "shed"
-        inner.add_done_callback(on_admitted)
+
+        def ended(inner: asyncio.Future[Admission]) -> None:
+            on_admitted(inner)
+            # No task awaits the inner wait: its hand-over ends here (a no-op if left).
+            semaphore.settle(inner)
+
+        inner.add_done_callback(ended)
         return inner
 
     def leave(self, inner: asyncio.Future[Admission]) -> None:
