@@ -54,9 +54,12 @@ PLAIN_CONFIGS = [
     "depends",
     "uvicorn",
 ]
-CLOSE_CONFIGS = ["q256-problem-close", "q256-episode-close", "q0-problem-close", "q0-episode-close"]
+REFUSING_CONFIGS = ["q256-problem", "q256-episode", "q0-problem", "q0-episode"]
+# The same with close_connection_on_refusal set either way (the plain ones take the default).
+CLOSE_CONFIGS = [f"{c}-close" for c in REFUSING_CONFIGS]
+KEEPALIVE_CONFIGS = [f"{c}-keepalive" for c in REFUSING_CONFIGS]
 SDK_CONFIGS = ["none", "queue-deep", "q256-problem", "q0-problem"]
-# Refusals only happen past 64 clients, so the Connection: close variants skip 64.
+# Refusals only happen past 64 clients, so the variants that set the close skip 64.
 CLOSE_MIN_CONNECTIONS = 65
 SERVER_CPU, CLIENT_CPU = "0", "1"
 CLIENT_CPU_WARNING = 0.7  # cores: past this the client may be what limits a cell
@@ -219,14 +222,16 @@ def plan(args: argparse.Namespace, offers: dict[str, Any]) -> list[tuple[str, st
     if not offers["depends_max_concurrency"] and "depends" in plain:
         print("skipping depends: this FastAPI's Depends() has no max_concurrency")
         plain.remove("depends")
-    if args.close:
-        if offers["close_setting"] is None:
-            print(
-                "skipping the Connection: close variants: the middleware has no "
-                "close_connection_on_refusal setting"
-            )
-        else:
-            plain += [c for c in CLOSE_CONFIGS if c.removesuffix("-close") in args.configs]
+    variants = [("-close", CLOSE_CONFIGS)] if args.close else []
+    variants += [("-keepalive", KEEPALIVE_CONFIGS)] if args.keepalive else []
+    if variants and offers["close_setting"] is None:
+        print(
+            "skipping the Connection: close and keep-alive variants: the middleware has no "
+            "close_connection_on_refusal setting"
+        )
+    elif variants:
+        for suffix, configs in variants:
+            plain += [c for c in configs if c.removesuffix(suffix) in args.configs]
     pairs = [("plain", c) for c in plain]
     if args.sdk:
         pairs += [("sdk", c) for c in args.sdk_configs]
@@ -234,7 +239,7 @@ def plan(args: argparse.Namespace, offers: dict[str, Any]) -> list[tuple[str, st
 
 
 def connections_for(config: str, connections: list[int]) -> list[int]:
-    if CONFIGS[config].close_on_refusal:
+    if CONFIGS[config].close_on_refusal is not None:
         return [c for c in connections if c >= CLOSE_MIN_CONNECTIONS]
     return connections
 
@@ -602,6 +607,12 @@ def main() -> None:
         dest="close",
         action="store_false",
         help="skip the Connection: close variants even if the setting exists",
+    )
+    parser.add_argument(
+        "--no-keepalive",
+        dest="keepalive",
+        action="store_false",
+        help="skip the variants that keep the connection on refusal",
     )
     parser.add_argument("--no-inprocess", dest="inprocess", action="store_false")
     parser.add_argument(

@@ -49,7 +49,7 @@ class Config:
     max_queue: int | None = None
     queue_timeout_seconds: float | None = None
     failure: Literal["problem", "episode"] = "problem"
-    close_on_refusal: bool = False
+    close_on_refusal: bool | None = None  # None: the middleware's default
 
     @property
     def refuses(self) -> bool:
@@ -89,6 +89,12 @@ def _middleware_configs() -> list[Config]:
         )
         for c in refusing
     ]
+    keeping = [
+        replace(
+            c, name=f"{c.name}-keepalive", label=f"{c.label}, keep-alive", close_on_refusal=False
+        )
+        for c in refusing
+    ]
     return [
         Config(
             "queue-deep",
@@ -99,6 +105,7 @@ def _middleware_configs() -> list[Config]:
         ),
         *sorted(refusing, key=lambda c: c.name),
         *sorted(closing, key=lambda c: c.name),
+        *sorted(keeping, key=lambda c: c.name),
     ]
 
 
@@ -191,11 +198,11 @@ def _settings(config: Config) -> Any:
         "failure": config.failure,
     }
     settings: dict[str, Any] = {"component": "benchmark"}
-    if config.close_on_refusal:
+    if config.close_on_refusal is not None:
         where = close_setting()
         if where is None:
             raise RuntimeError(f"{config.name}: the middleware has no {CLOSE_SETTING} setting")
-        (settings if where == "settings" else route)[CLOSE_SETTING] = True
+        (settings if where == "settings" else route)[CLOSE_SETTING] = config.close_on_refusal
     return ConcurrencySettings(**settings, routes=[RouteLimit(**route)])
 
 

@@ -271,7 +271,9 @@ class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
     max_queued_body_bytes: int = Field(default=DEFAULT_MAX_QUEUED_BODY_BYTES, ge=0)
     max_queued_body_bytes_total: int = Field(default=DEFAULT_MAX_QUEUED_BODY_BYTES_TOTAL, ge=0)
     refusal_body_timeout_seconds: _Seconds = DEFAULT_REFUSAL_BODY_TIMEOUT_SECONDS
-    close_connection_on_refusal: bool = False
+    # A refused client that sends again at once is then out of the server's hot loop for a
+    # reconnect; without it, shedding at 16x overload collapses goodput (docs/performance.md).
+    close_connection_on_refusal: bool = True
     # Limits with scope="global" live in this Redis (or Valkey): redis://host:port/db.
     redis_url: str | None = None
     # Redis unreachable: "refuse" answers with the failure profile (reason unavailable);

@@ -243,11 +243,19 @@ async def test_a_client_that_leaves_while_queued_leaves_at_once_and_is_counted_o
     assert semaphore.active == 0
 
 
-async def test_refusals_can_close_the_connection(component: str):
+@pytest.mark.parametrize(
+    ("close", "header"), [(None, b"close"), (True, b"close"), (False, None)], ids=str
+)
+async def test_refusals_close_the_connection_unless_told_not_to(
+    component: str, close: bool | None, header: bytes | None
+):
+    # By default: a client that sends again at once must reconnect first (goodput under a
+    # flood, docs/performance.md); False keeps the connection for clients that back off.
+    options = {} if close is None else {"close_connection_on_refusal": close}
     settings = ConcurrencySettings(
         component=component,
-        close_connection_on_refusal=True,
         routes=[RouteLimit(path="/run", limit_name="episodes", max_concurrent=1, max_queue=0)],
+        **options,
     )
     app, _ = make_app(settings)
     await built(app)
@@ -257,5 +265,5 @@ async def test_refusals_can_close_the_connection(component: str):
     request_body(refused, b"{}")
     await app(refused.scope, refused.receive, refused.send)
     assert refused.status == 503
-    assert refused.headers()[b"connection"] == b"close"
+    assert refused.headers().get(b"connection") == header
     semaphore.release()

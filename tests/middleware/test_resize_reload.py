@@ -270,8 +270,8 @@ async def test_a_kept_adaptive_limit_says_what_else_changed(component: str):
 
 async def test_a_settings_wide_change_is_said_too(component: str):
     app, _, client = await started(component, size=1)
-    both = settings(component, size=1).model_copy(update={"close_connection_on_refusal": True})
-    assert reload_settings(app, both) == ["close_connection_on_refusal False -> True"]
+    both = settings(component, size=1).model_copy(update={"close_connection_on_refusal": False})
+    assert reload_settings(app, both) == ["close_connection_on_refusal True -> False"]
     await client.aclose()
 
 

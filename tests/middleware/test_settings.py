@@ -374,7 +374,7 @@ def test_every_field_of_the_model_is_an_environment_variable(monkeypatch: pytest
             "GYM_CONCURRENCY_REDIS_URL": "redis://127.0.0.1:6379/0",
             "GYM_CONCURRENCY_MAX_QUEUED_BODY_BYTES_TOTAL": "1000",
             "GYM_CONCURRENCY_REFUSAL_BODY_TIMEOUT_SECONDS": "2.5",
-            "GYM_CONCURRENCY_CLOSE_CONNECTION_ON_REFUSAL": "true",
+            "GYM_CONCURRENCY_CLOSE_CONNECTION_ON_REFUSAL": "false",
             **ROUTE_VARS,
         },
     )
@@ -382,7 +382,7 @@ def test_every_field_of_the_model_is_an_environment_variable(monkeypatch: pytest
     assert settings.redis_url == "redis://127.0.0.1:6379/0"
     assert settings.max_queued_body_bytes_total == 1000
     assert settings.refusal_body_timeout_seconds == 2.5
-    assert settings.close_connection_on_refusal is True
+    assert settings.close_connection_on_refusal is False
     assert settings.routes[0].max_concurrent == 4
     monkeypatch.setenv("GYM_CONCURRENCY_REDIS_UR", "redis://127.0.0.1:6379/0")
     with pytest.raises(SettingsError, match="did you mean GYM_CONCURRENCY_REDIS_URL"):
