@@ -35,6 +35,15 @@ class EnvironmentSettingsError(SettingsError):
 
 _INDEX = re.compile(r"0|[1-9][0-9]*")
 _Path = tuple[str | int, ...]
+_NAME_FIELD = "limit_name"  # entries of a list of models with this field can be named by it
+
+
+class _ByName(str):
+    """A list entry given by its `limit_name` (`ROUTES__episodes__...`) rather than its index."""
+
+    __slots__ = ()
+
+
 # False while from_file builds its settings: the environment was already merged over the file.
 READ_ENVIRONMENT: ContextVar[bool] = ContextVar("gym_concurrency_read_environment", default=True)
 
@@ -59,7 +68,9 @@ def environment_values(
 
     `PREFIX<FIELD>` sets a field (JSON for a list or a nested model); `PREFIX<FIELD>__<i>__<F>`
     sets field F of entry i of a list of models (entries by index from 0 without gaps, also
-    counting `base`'s entries). Raises EnvironmentSettingsError naming every bad variable.
+    counting `base`'s entries); `PREFIX<FIELD>__<limit_name>__<F>` sets field F of every entry
+    of `base` with that limit_name (whatever its position). Raises EnvironmentSettingsError
+    naming every bad variable.
     """
     config = settings_cls.model_config
     prefix = str(config.get("env_prefix") or "").upper()
@@ -72,31 +83,37 @@ def environment_values(
         if not name.upper().startswith(prefix):
             continue
         parts = name[len(prefix) :].lower().split(delimiter)
-        path, complex_value, problem = _variable_path(settings_cls, parts)
+        named_path, complex_value, problem = _variable_path(settings_cls, parts)
         if problem is not None:
             suggestion = _suggest(settings_cls, prefix, delimiter, name[len(prefix) :])
             problems.append(f"{name}: {problem}{suggestion}")
             continue
-        if path in assigned:
-            problems.append(f"{name}: sets the same setting as {assigned[path]}; set one")
+        paths, problem = _by_index(named_path, base or {}, prefix, delimiter)
+        if problem is not None:
+            problems.append(f"{name}: {problem}")
+            continue
+        clash = next((assigned[p] for p in paths if p in assigned), None)
+        if clash is not None:
+            problems.append(f"{name}: sets the same setting as {clash}; set one")
             continue
         raw = environ[name]
         if complex_value:
             try:
                 value: Any = json.loads(raw)
             except ValueError as error:
-                where = ".".join(map(str, path))
+                where = ".".join(map(str, paths[0]))
                 problems.append(f"{name}: {where} must be JSON here, got {raw[:60]!r} ({error})")
                 continue
-        elif _looks_like_json(raw) and _takes_collection(settings_cls, path):
+        elif _looks_like_json(raw) and _takes_collection(settings_cls, paths[0]):
             try:
                 value = json.loads(raw)
             except ValueError:
                 value = raw  # the field's own validator reads it (e.g. methods "GET,POST")
         else:
             value = raw
-        assigned[path] = name
-        values[path] = value
+        for path in paths:
+            assigned[path] = name
+            values[path] = value
     problems += _conflicts(assigned, prefix, delimiter)
     problems += _gaps(assigned, base or {}, prefix, delimiter)
     if problems:
@@ -141,14 +158,50 @@ def _variable_path(model: type[BaseModel], parts: list[str]) -> tuple[_Path, boo
             path.append(part)
             shape, node = _field_shape(field.annotation)
         elif shape == "list":
-            if not _INDEX.fullmatch(part):
+            assert node is not None
+            if _INDEX.fullmatch(part):
+                path.append(int(part))
+            elif _NAME_FIELD in node.model_fields:
+                path.append(_ByName(part))
+            else:
                 return (), False, f"{part!r} is not an entry index (0, 1, 2, ...)"
-            path.append(int(part))
             shape = "model"
         else:
             where = ".".join(map(str, path))
             return (), False, f"{where} takes one value, it has no fields of its own"
     return tuple(path), shape != "leaf", None
+
+
+def _by_index(
+    path: _Path, base: Mapping[str, Any], prefix: str, delimiter: str
+) -> tuple[list[_Path], str | None]:
+    """`path` with each entry named by limit_name replaced by the index of every `base` entry
+    of that name (matched whatever its case: variable names are upper case), or a problem."""
+    paths: list[_Path] = [()]
+    for key in path:
+        if not isinstance(key, _ByName):
+            paths = [(*p, key) for p in paths]
+            continue
+        entries = _get(base, paths[0])
+        names = [e.get(_NAME_FIELD) if isinstance(e, Mapping) else None for e in entries or []]
+        found = [i for i, n in enumerate(names) if isinstance(n, str) and n.lower() == key]
+        spellings = sorted({str(names[i]) for i in found})
+        if len(spellings) > 1:
+            listed = ", ".join(spellings)
+            return [], f"{key!r} matches {_NAME_FIELD}s {listed}; give the entry's index"
+        if not found:
+            where = ".".join(map(str, paths[0]))
+            known = ", ".join(sorted({str(n) for n in names if n is not None}))
+            listed = f"the file has {known}" if known else "no settings file lists any"
+            close = difflib.get_close_matches(key, [str(n).lower() for n in names if n], n=1)
+            listed += f"; did you mean {close[0]!r}?" if close else ""
+            index = _variable(prefix, delimiter, (*paths[0], len(names)))
+            return [], (
+                f"no entry of {where} has {_NAME_FIELD} {key!r} to change ({listed}); "
+                f"to add an entry, give it by index ({index}{delimiter}<FIELD>)"
+            )
+        paths = [(*p, i) for p in paths for i in found]
+    return paths, None
 
 
 def _takes_collection(model: type[BaseModel], path: _Path) -> bool:
