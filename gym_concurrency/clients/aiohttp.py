@@ -9,9 +9,15 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import aiohttp
-from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
 from opentelemetry.metrics import MeterProvider
+
+from ._extras import missing_library
+
+try:
+    import aiohttp
+    from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
+except ImportError as error:  # absent, or older than client middlewares (3.12)
+    raise missing_library(error, "aiohttp", "limited_middleware", "3.12") from error
 
 from ..limits import Limit
 from ..limits.adaptive import AdaptiveController

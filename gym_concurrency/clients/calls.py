@@ -35,6 +35,7 @@ from .retry import (
     RetryPolicy,
     RetryReason,
     backoff_delay,
+    retry_after_delay,
     retry_after_seconds,
     server_says_retry,
 )
@@ -278,7 +279,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
             exchange.header(response, "retry-after"),
             time.time(),
         )
-        delay = backoff_delay(policy, attempt) if told is None else told
+        delay = backoff_delay(policy, attempt) if told is None else retry_after_delay(policy, told)
         too_long = told is not None and told > policy.max_retry_after_seconds
         if not self._grant(request, attempt, delay, deadline, too_long):
             return None

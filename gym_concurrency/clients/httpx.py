@@ -10,8 +10,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import httpx
 from opentelemetry.metrics import MeterProvider
+
+from ._extras import missing_library
+
+try:
+    import httpx
+except ImportError as error:
+    raise missing_library(error, "httpx", "LimitedTransport", "0.27") from error
 
 from ..limits import Limit
 from ..limits.adaptive import AdaptiveController

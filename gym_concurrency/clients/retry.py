@@ -23,6 +23,7 @@ __all__ = [
     "RetryPolicy",
     "RetryReason",
     "backoff_delay",
+    "retry_after_delay",
     "retry_after_seconds",
     "server_says_retry",
 ]
@@ -50,6 +51,9 @@ class RetryPolicy:
     budget_ratio: float = 0.2
     budget_min_per_second: float = 10.0
     deadline_seconds: float | None = None
+    # The wait after a server's Retry-After is uniform(told, told * (1 + this)): never before
+    # the server's word, and callers it refused together do not all come back in one wave.
+    retry_after_jitter: float = 0.1
 
     def __post_init__(self) -> None:
         if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
@@ -66,6 +70,12 @@ class RetryPolicy:
         _check_seconds("max_retry_after_seconds", self.max_retry_after_seconds)
         _check_seconds("budget_ratio", self.budget_ratio)
         _check_seconds("budget_min_per_second", self.budget_min_per_second)
+        _check_seconds("retry_after_jitter", self.retry_after_jitter)
+        if self.retry_after_jitter > 1:
+            raise ValueError(
+                f"RetryPolicy retry_after_jitter must be a fraction in [0, 1], "
+                f"got {self.retry_after_jitter}"
+            )
         if self.deadline_seconds is not None:
             _check_seconds("deadline_seconds", self.deadline_seconds)
             if self.deadline_seconds == 0:
@@ -120,6 +130,18 @@ def _non_negative(text: str) -> float | None:
     except ValueError:
         return None
     return value if value >= 0 and math.isfinite(value) else None
+
+
+def retry_after_delay(
+    policy: RetryPolicy,
+    told: float,
+    uniform: Callable[[float, float], float] = random.uniform,
+) -> float:
+    """The wait after a server said Retry-After `told` seconds: uniform(told, told * (1 +
+    retry_after_jitter)), never less than `told`."""
+    if told <= 0 or policy.retry_after_jitter == 0:
+        return told
+    return max(told, uniform(told, told * (1.0 + policy.retry_after_jitter)))
 
 
 def backoff_delay(

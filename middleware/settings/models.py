@@ -215,6 +215,7 @@ class ClientRetry(NumbersAreNumbers):
     budget_ratio: float = Field(default=0.2, ge=0, allow_inf_nan=False)
     budget_min_per_second: float = Field(default=10.0, ge=0, allow_inf_nan=False)
     deadline_seconds: _Seconds | None = None
+    retry_after_jitter: float = Field(default=0.1, ge=0, le=1, allow_inf_nan=False)
 
     @field_validator("statuses")
     @classmethod

@@ -12,7 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gym_concurrency.clients import RetryBudget, RetryPolicy
-from gym_concurrency.clients.retry import backoff_delay, retry_after_seconds, server_says_retry
+from gym_concurrency.clients.retry import (
+    backoff_delay,
+    retry_after_delay,
+    retry_after_seconds,
+    server_says_retry,
+)
 
 
 @pytest.mark.parametrize(
@@ -27,6 +32,8 @@ from gym_concurrency.clients.retry import backoff_delay, retry_after_seconds, se
         ({"budget_ratio": float("nan")}, ValueError, "budget_ratio"),
         ({"budget_min_per_second": -0.1}, ValueError, "budget_min_per_second"),
         ({"deadline_seconds": 0}, ValueError, "deadline_seconds"),
+        ({"retry_after_jitter": 1.5}, ValueError, "retry_after_jitter"),
+        ({"retry_after_jitter": -0.1}, ValueError, "retry_after_jitter"),
     ],
 )
 def test_a_bad_policy_is_refused_naming_the_field(
@@ -46,6 +53,7 @@ def test_the_defaults_are_the_documented_ones():
         budget_ratio=0.2,
         budget_min_per_second=10.0,
         deadline_seconds=None,
+        retry_after_jitter=0.1,
     )
 
 
@@ -150,3 +158,27 @@ def test_the_budget_never_grants_past_its_bound_and_denies_only_at_it(
         else:
             assert in_window + 1 > bound - 1e-9
     assert budget.retries_in_window() == sum(1 for t in granted if t > clock.now - 10)
+
+
+@settings(max_examples=200)
+@given(
+    told=st.floats(0, 3600, allow_nan=False),
+    jitter=st.floats(0, 1, allow_nan=False),
+    draw=st.floats(0, 1, allow_nan=False),
+)
+def test_retry_after_jitter_never_comes_before_the_server_s_word(
+    told: float, jitter: float, draw: float
+):
+    def uniform(low: float, high: float) -> float:
+        return low + (high - low) * draw
+
+    delay = retry_after_delay(RetryPolicy(retry_after_jitter=jitter), told, uniform)
+    assert told <= delay <= told * (1 + jitter) + 1e-9
+
+
+def test_callers_refused_together_come_back_spread_not_in_one_wave():
+    delays = [retry_after_delay(RetryPolicy(), 2.0) for _ in range(1000)]
+    assert min(delays) >= 2.0
+    assert max(delays) <= 2.2
+    assert max(delays) - min(delays) > 0.15  # spread over the 10 % after Retry-After
+    assert {retry_after_delay(RetryPolicy(retry_after_jitter=0), 2.0) for _ in range(50)} == {2.0}
