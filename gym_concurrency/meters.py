@@ -32,6 +32,7 @@ T = TypeVar("T")
 _log = logging.getLogger("gym_concurrency")
 
 _MOVED = object()  # the API no longer has the private global: ask it the public way
+_HAS_GLOBAL = hasattr(_api_internal, "_METER_PROVIDER")
 _METERS: weakref.WeakKeyDictionary[MeterProvider, Meter] = weakref.WeakKeyDictionary()
 _environment_consulted = False
 _global_seen: MeterProvider | None = None  # the global provider, once it was seen to be one
@@ -51,7 +52,7 @@ def current_provider(meter_provider: MeterProvider | None = None) -> MeterProvid
     global _environment_consulted, _global_seen
     if meter_provider is not None:
         return meter_provider
-    provider = getattr(_api_internal, "_METER_PROVIDER", _MOVED)
+    provider = _api_internal._METER_PROVIDER if _HAS_GLOBAL else _MOVED
     # The common answers first, with no ABC isinstance (slow, and paid on every operation).
     if provider is None:
         if _environment_consulted:

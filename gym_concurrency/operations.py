@@ -169,7 +169,7 @@ class _Operation(ResourcesOperation):
         # _metrics and _entered_at are set by __aenter__, before anything reads them.
 
     async def __aenter__(self) -> ResourcesOperation:
-        metrics = self._metrics = _metrics(self._provider)
+        metrics = self._metrics = _PER_METER.get(self._provider)
         if metrics is None:
             await self._limit.__aenter__()
             return self
@@ -195,7 +195,7 @@ class _Operation(ResourcesOperation):
     ) -> Awaitable[bool | None]:
         outcome = self._outcome
         if outcome is None:
-            outcome = self._outcome = _outcome_of(exc_type)
+            outcome = self._outcome = "ok" if exc_type is None else _outcome_of(exc_type)
         metrics = self._metrics
         if metrics is None:  # disabled: the limit's own exit is all there is to await
             return self._limit.__aexit__(exc_type, exc, tb)

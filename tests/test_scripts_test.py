@@ -67,6 +67,18 @@ def run(script: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]
     )
 
 
+def test_the_whole_suite_says_first_how_long_it_takes(tmp_path: Path):
+    # No arguments: the whole suite (PYTEST_ADDOPTS narrows it here, unseen by the script).
+    python = stand_in(tmp_path / "python", PYTHON)
+    env = {"PYTHON": str(python), "VENV": str(tmp_path / "venv"), "FAKE_LOG": str(tmp_path / "log")}
+    done = run("test", PYTEST_ADDOPTS=f"-q -p no:cacheprovider {SMALL_TEST}", **env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    first = done.stdout.splitlines()[0]
+    version = "{}.{}".format(*sys.version_info[:2])
+    assert first.startswith(f"test: the whole suite on Python {version}: about 8 minutes")
+    assert "(15 on 3.13" in first
+
+
 def test_a_first_run_says_each_step_and_keeps_pip_s_output_back(tmp_path: Path):
     python = stand_in(tmp_path / "python", PYTHON)
     venv, log = tmp_path / "venv", tmp_path / "calls.log"
