@@ -21,6 +21,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
 from . import names
+from .attributes import limit_attributes
 from .limits import Limit, registered_limits
 from .limits.registry import watch
 from .meters import SCOPE_VERSION, meter_for
@@ -68,17 +69,10 @@ watch(_observe_global)
 
 
 def _attribute_key(limit: Limit) -> _AttributeKey:
-    pairs = [
-        (names.COMPONENT_ATTRIBUTE, str(limit.component)),
-        (names.LIMIT_NAME_ATTRIBUTE, str(limit.limit_name)),
-    ]
-    if limit.server is not None:
-        pairs.append((names.SERVER_ATTRIBUTE, limit.server))
-    if limit.scope == names.GLOBAL_SCOPE:
-        pairs.append((names.SCOPE_ATTRIBUTE, names.GLOBAL_SCOPE))
-    key = tuple(pairs)
+    attributes = limit_attributes(limit)  # a registered limit has a component and a name
+    key = tuple(attributes.items())
     if key not in _ATTRIBUTES:
-        _ATTRIBUTES[key] = dict(pairs)
+        _ATTRIBUTES[key] = attributes
     return key
 
 

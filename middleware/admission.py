@@ -185,14 +185,12 @@ class ConcurrencyLimitMiddleware:
         """Connect the limits shared across processes; one Redis cannot reach is logged and
         answers by `redis_unavailable` until it can (no restart needed). A misconfigured one
         (authentication, TLS, commands, a size other processes disagree with) is an error:
-        its message, logged, to fail the start with."""
+        its message, to fail the start with (the server logs it, so it is not logged here)."""
         for limit in self.limits.shared():
             try:
                 connected = await limit.connect()
             except LimitConfigurationError as error:
-                message = f"gym_concurrency: {error}"
-                _log.error("%s", message)
-                return message
+                return f"gym_concurrency: {error}"
             if not connected:
                 _log.warning(
                     "gym_concurrency: limit %r: its Redis cannot be reached; admissions are "

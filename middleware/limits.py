@@ -19,15 +19,10 @@ from opentelemetry.metrics import MeterProvider
 from pydantic import BaseModel
 
 from gym_concurrency import MeteredSemaphore, SharedLimit, observe_concurrency
+from gym_concurrency.attributes import limit_attributes
 from gym_concurrency.limits import Limit
 from gym_concurrency.limits.adaptive import AdaptiveLimiter, DrainRate
-from gym_concurrency.names import (
-    ADMISSION_OUTCOME_ATTRIBUTE,
-    ADMISSION_OUTCOMES,
-    COMPONENT_ATTRIBUTE,
-    LIMIT_NAME_ATTRIBUTE,
-    SERVER_ATTRIBUTE,
-)
+from gym_concurrency.names import ADMISSION_OUTCOME_ATTRIBUTE, ADMISSION_OUTCOMES
 
 from .adaptive_route import RouteFeedback, controller_for
 from .clients import LimitedClient
@@ -260,7 +255,7 @@ class ConcurrencyLimits:
         plan = self._route_plans.get(config.limit_name)
         if plan is None:
             plan = self._route_plans[config.limit_name] = self._route_plan(index, config)
-        base = self._attributes(config.limit_name)
+        base = limit_attributes(plan.limit)  # scope="global" on a shared limit's, as observed
         by_outcome = {o: {**base, ADMISSION_OUTCOME_ATTRIBUTE: o} for o in ADMISSION_OUTCOMES}
         feedback = plan.feedback
         retry_after = None
@@ -343,15 +338,6 @@ class ConcurrencyLimits:
             if local
             else None,
         )
-
-    def _attributes(self, limit_name: str) -> dict[str, str]:
-        attributes = {
-            COMPONENT_ATTRIBUTE: self.settings.component,
-            LIMIT_NAME_ATTRIBUTE: limit_name,
-        }
-        if self.settings.server_name is not None:
-            attributes[SERVER_ATTRIBUTE] = self.settings.server_name
-        return attributes
 
 
 def _changed_fields(old: BaseModel, new: BaseModel) -> list[tuple[str, object, object]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from opentelemetry.metrics import Meter, MeterProvider
 
 from .. import names
+from ..attributes import limit_attributes
 from ..limits import Limit
 from ..meters import PerMeter, SafeRecorder
 from .retry import BackoffSource, DeniedReason, RetryReason
@@ -41,21 +42,6 @@ class _Instruments(SafeRecorder):
 
 
 _PER_METER: PerMeter[_Instruments] = PerMeter(_Instruments)
-
-
-def limit_attributes(limit: Limit) -> dict[str, str]:
-    """The attributes a limit is reported with (those it has): component, limit_name, server,
-    and scope="global" for a limit shared across processes."""
-    attributes: dict[str, str] = {}
-    if limit.component is not None:
-        attributes[names.COMPONENT_ATTRIBUTE] = limit.component
-    if limit.limit_name is not None:
-        attributes[names.LIMIT_NAME_ATTRIBUTE] = limit.limit_name
-    if limit.server is not None:
-        attributes[names.SERVER_ATTRIBUTE] = limit.server
-    if limit.scope == names.GLOBAL_SCOPE:
-        attributes[names.SCOPE_ATTRIBUTE] = names.GLOBAL_SCOPE
-    return attributes
 
 
 def _by_value(base: dict[str, str], key: str, values: frozenset[str]) -> dict[str, dict[str, str]]:

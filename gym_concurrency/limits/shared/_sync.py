@@ -87,6 +87,7 @@ class RedisSync:
         self._unremoved: list[str] = []  # ids given back, not yet removed from Redis
         self._removing = False
         self._size_lock = asyncio.Lock()
+        self.connecting = False  # connect() applies the size and raises a conflict: not here
         self._loop: asyncio.AbstractEventLoop | None = None
         self.background: set[asyncio.Task[None]] = set()
 
@@ -395,7 +396,7 @@ class RedisSync:
                     self.unregistered.difference_update(held)
                     back, self.lost = len(self.lost), set()
             self._post(self._renewed, reply, deferred, fresh, back, was_refusing)
-            if full and self._store.pending is not None:
+            if full and self._store.pending is not None and not self.connecting:
                 self.apply_size_blocking()
 
     def _undropped(self, drops: list[str]) -> bool:

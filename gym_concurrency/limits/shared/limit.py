@@ -335,13 +335,17 @@ class SharedLimit(AwayMixin, LimitBase):
         the configured size; True if Redis answered. Never raises for an unreachable Redis."""
         if self._closed:
             return False
-        self._bind()
-        error = await self._sync.apply_size()
-        if error is not None and not isinstance(error, LimitConfigurationError):
-            # The heartbeat's first call may say more (a TLS handshake that outlasted this
-            # call's timeout, say): a misconfiguration, or an outage after all.
-            await self._heartbeat.first_renewal(self._lease_seconds)
-            error = self._store.misconfigured_by(error)
+        self._sync.connecting = True  # the size is applied here, its conflict raised once
+        try:
+            self._bind()
+            error = await self._sync.apply_size()
+            if error is not None and not isinstance(error, LimitConfigurationError):
+                # The heartbeat's first call may say more (a TLS handshake that outlasted
+                # this call's timeout, say): a misconfiguration, or an outage after all.
+                await self._heartbeat.first_renewal(self._lease_seconds)
+                error = self._store.misconfigured_by(error)
+        finally:
+            self._sync.connecting = False
         if error is not None:
             self._store.misconfigured = str(error)
             await self.close()

@@ -171,3 +171,28 @@ def test_a_wrong_password_fails_the_server_s_start_naming_the_url(
     assert f"127.0.0.1:{locked.port}" in server.log
     assert "wrong-password" not in server.log
     assert "authentication" in server.log.lower()
+
+
+def test_a_size_other_processes_disagree_with_is_said_once_in_the_server_s_log(
+    store: RedisServer, tmp_path: Path
+) -> None:
+    (tmp_path / "sized_app.py").write_text(APP)
+
+    def server(size: int) -> Uvicorn:
+        routes = f'[{{"path": "/run", "limit_name": "runs", "max_concurrent": {size}, '
+        routes += '"scope": "global"}]'
+        env = clean_env(GYM_CONCURRENCY_REDIS_URL=store.url, GYM_CONCURRENCY_ROUTES=routes)
+        return Uvicorn(tmp_path, "sized_app:app", env, "--lifespan", "on")
+
+    first = server(4)
+    try:
+        first.wait_serving("/run")
+        second = server(8)
+        try:
+            assert second.exit_status(15) != 0
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+    assert second.log.count("but processes that share the limit use size 4") == 1, second.log
+    assert "Application startup failed" in second.log
