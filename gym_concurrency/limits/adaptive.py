@@ -1,6 +1,6 @@
 """Limits that move: controllers that set a limit from the latency and the overload answers of
 the work it admits, within a floor and a ceiling, and the drain rate behind an automatic
-Retry-After.
+Retry-After (`DrainRate`, in drain.py).
 
 A controller is fed one sample per admitted piece of work that finished: when it was admitted,
 when it finished, whether it ended in overload (the app answered 429 / 503 or raised) and how
@@ -27,6 +27,8 @@ import math
 import weakref
 from collections.abc import Callable
 from typing import ClassVar, Literal, Protocol, TypedDict, Unpack
+
+from .drain import DrainRate  # the drain rate behind Retry-After auto, named here as before
 
 __all__ = [
     "AdaptiveController",
@@ -396,54 +398,6 @@ def limiter_of(limit: object) -> AdaptiveLimiter | None:
     if limiter is None or limiter.stopped or limiter.limit is not limit:
         return None
     return limiter
-
-
-class DrainRate:
-    """How fast a limit gives slots back, in plain numbers: releases counted per whole second
-    of the caller's clock, read as the rate over the last full second and the current one.
-
-    `retry_after(queue_depth, now)`: the whole seconds until a request arriving now would get
-    a slot (the queue ahead of it plus itself, at the measured rate), clamped to [low, high].
-    """
-
-    __slots__ = ("_count", "_previous", "_second", "high", "low")
-
-    def __init__(self, low: int = 1, high: int = 60) -> None:
-        if not 0 <= low <= high:
-            raise ValueError(f"need 0 <= low <= high, got {low}, {high}")
-        self.low = low
-        self.high = high
-        self._second = 0
-        self._count = 0
-        self._previous = 0
-
-    def release(self, now: float) -> None:
-        """Count one release at time `now` (seconds)."""
-        second = int(now)
-        if second != self._second:
-            self._roll(second)
-        self._count += 1
-
-    def _roll(self, second: int) -> None:
-        self._previous = self._count if second == self._second + 1 else 0
-        self._second = second
-        self._count = 0
-
-    def per_second(self, now: float) -> float:
-        """Releases per second over the last full second and the part of this one gone by."""
-        second = int(now)
-        if second != self._second:
-            self._roll(second)
-        span = 1.0 + (now - second)
-        return (self._previous + self._count) / span
-
-    def retry_after(self, queue_depth: int, now: float) -> int:
-        """Seconds until the queue ahead (and this request) would clear, rounded, clamped."""
-        rate = self.per_second(now)
-        if rate <= 0:
-            return self.high
-        seconds = int((queue_depth + 1) / rate + 0.5)
-        return min(self.high, max(self.low, seconds))
 
 
 def _median(values: list[float]) -> float:

@@ -34,6 +34,7 @@ def test_every_block_has_a_test() -> None:
         "async def grade(",
         "grade_with_aiohttp",
         "shared_judge",
+        "outbound_refused",
         "adaptive_limit",
         "limited_client(request.app",
         "gentle",
@@ -134,3 +135,29 @@ async def test_the_configured_client_in_a_route(upstream: Upstream) -> None:
             answer = await caller.post("/verify")
     assert answer.json() == {"judge_status": 200}
     assert len(upstream.attempts()) == 2  # (its client lived on uvicorn's loop, gone with it)
+
+
+async def test_an_outbound_refusal_is_a_503_with_retry_after_not_a_500(upstream: Upstream) -> None:
+    import httpx
+
+    from gym_concurrency.clients import LimitedTransport
+
+    doc = run("outbound_refused")
+    app = doc["app"]
+    full = MeteredSemaphore(1, component="doc", limit_name="judge_full", max_queue=0)
+    assert full.try_acquire()  # every slot taken, nobody may wait: the next call is refused
+    judge = httpx.AsyncClient(base_url=upstream.url, transport=LimitedTransport(full))
+
+    @app.post("/verify")
+    async def verify() -> dict[str, int]:
+        return {"status": (await judge.post("/v1/chat/completions", json={})).status_code}
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        refused = await client.post("/verify")
+        full.release()
+        served = await client.post("/verify")
+    assert (refused.status_code, refused.headers["retry-after"]) == (503, "1")
+    assert "upstream busy" in refused.json()["detail"]
+    assert served.json() == {"status": 200}
+    await judge.aclose()

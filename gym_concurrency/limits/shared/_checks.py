@@ -5,10 +5,17 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from .._base import check_count
+from .._base import check_count, check_seconds
 from ._connection import SCHEMES, safe_url, sentinel_parts
 
-__all__ = ["RedisUnavailable", "check_key", "check_mode", "check_name", "check_url"]
+__all__ = [
+    "RedisUnavailable",
+    "check_key",
+    "check_mode",
+    "check_name",
+    "check_timing",
+    "check_url",
+]
 
 RedisUnavailable = Literal["refuse", "local"]
 
@@ -62,4 +69,15 @@ def check_mode(mode: object, local_max_concurrent: object) -> None:
         raise ValueError(
             "SharedLimit local_max_concurrent applies only with redis_unavailable='local'"
             f", got {local_max_concurrent!r} with redis_unavailable={mode!r}"
+        )
+
+
+def check_timing(lease_seconds: float, redis_timeout: float) -> None:
+    """Both numbers of seconds, and a Redis call's timeout shorter than a lease."""
+    check_seconds("SharedLimit", "lease_seconds", lease_seconds)
+    check_seconds("SharedLimit", "redis_timeout", redis_timeout)
+    if redis_timeout >= lease_seconds:
+        raise ValueError(
+            f"SharedLimit redis_timeout must be less than lease_seconds, got "
+            f"redis_timeout={redis_timeout} with lease_seconds={lease_seconds}"
         )

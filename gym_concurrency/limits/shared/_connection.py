@@ -172,18 +172,16 @@ class Connection:
             hosts, options = cluster_parts(self.url)
             common["redis_connect_func"] = self._check_blocking  # (after the cluster's own)
             del common["retry"]  # (the cluster retries by its own rules)
-            nodes = [ClusterNode(host, port) for host, port in hosts]  # type: ignore[no-untyped-call]
+            node: Any = ClusterNode  # redis-py's sync ClusterNode is not annotated
+            nodes = [node(host, port) for host, port in hosts]
             return RedisCluster(startup_nodes=nodes, **options, **common)
         if self.url.startswith(_SENTINEL):
             from redis.sentinel import Sentinel
 
             hosts, service, db, options = sentinel_parts(self.url)
-            sentinel = Sentinel(  # type: ignore[no-untyped-call]
-                hosts, sentinel_kwargs=_sentinel_kwargs(options, self._timeout)
-            )
-            return sentinel.master_for(  # type: ignore[no-untyped-call]
-                service, db=db, **options, **common
-            )
+            unannotated: Any = Sentinel  # redis-py's Sentinel is not annotated
+            sentinel = unannotated(hosts, sentinel_kwargs=_sentinel_kwargs(options, self._timeout))
+            return sentinel.master_for(service, db=db, **options, **common)
         return redis.Redis.from_url(self.url, **common)  # (one thread: one connection)
 
     def _async_cluster(self, timeout: float, common: dict[str, Any]) -> Any:
@@ -210,9 +208,8 @@ class Connection:
         from redis.asyncio.sentinel import Sentinel
 
         hosts, service, db, options = sentinel_parts(self.url)
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
-            hosts, sentinel_kwargs=_sentinel_kwargs(options, self._timeout)
-        )
+        unannotated: Any = Sentinel  # as above
+        sentinel = unannotated(hosts, sentinel_kwargs=_sentinel_kwargs(options, self._timeout))
         return sentinel.master_for(service, db=db, socket_timeout=timeout, **options, **common)
 
 

@@ -3,10 +3,10 @@ order, a batch per call), leases and waiters to remove, sizes to write, and the 
 everything this process holds or queues (which also learns of grants whose notification was
 lost, re-registers what Redis lost, and finds leases it could not renew in time).
 
-Registering and removing run on the event loop; the renewal runs on the heartbeat thread
-(`renew`). They meet in `lock`, which guards what a renewal in flight names (a removal of one
-of those waits until it is done, so that the renewal cannot bring it back), the ids still to
-drop, and the leases found lost.
+Sizes are written by `SizeSync` (_sizes.py). Registering and removing run on the event loop;
+the renewal runs on the heartbeat thread (`renew`). They meet in `lock`, which guards what a
+renewal in flight names (a removal of one of those waits until it is done, so that the
+renewal cannot bring it back), the ids still to drop, and the leases found lost.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
-from ..limit import LimitConfigurationError
-from . import scripts
-from ._store import ADMITTED, SHED, ConfigureReply, PendingSize, RedisStore, SyncReply
+from ._sizes import SizeSync
+from ._store import ADMITTED, SHED, RedisStore, SyncReply
 from ._waiters import Waiter, Waiters
 
 __all__ = ["RedisSync"]
@@ -33,7 +32,7 @@ _BATCH: Final = 256  # waiters registered (or leases removed) in one script call
 _RECHECK_WAITERS: Final = 64  # the oldest waiters a re-check asks about
 
 
-class RedisSync:
+class RedisSync(SizeSync):
     """What this process must still tell Redis, and the grants Redis tells it of.
 
     `held` (id -> monotonic time Redis last confirmed it, for every slot held here: leases,
@@ -290,61 +289,6 @@ class RedisSync:
                     self.drop_later(ids)
         finally:
             self._removing = False
-
-    # --- sizes -----------------------------------------------------------------------
-
-    async def apply_size(self) -> BaseException | None:
-        """Write the pending size (configured, or a resize), if any; the error that kept it
-        from Redis (a LimitConfigurationError if live processes use another size)."""
-        async with self._size_lock:
-            pending = self._store.pending
-            if pending is None:
-                return None
-            try:
-                reply = await self._store.configure(pending)
-            except self._store.failures as error:
-                self._store.failed("resize", error)
-                return error
-            return self._sized(pending, reply)
-
-    def apply_size_blocking(self) -> None:
-        """`apply_size`, from the heartbeat thread (after its renewal: holders first)."""
-        pending = self._store.pending
-        if pending is None:
-            return
-        try:
-            reply = self._store.configure_blocking(pending)
-        except self._store.failures as error:
-            self._store.failed("resize", error)
-            return
-        conflict = self._sized(pending, reply)
-        if conflict is not None:
-            _log.error("gym_concurrency: %s", conflict)
-
-    def _sized(self, pending: PendingSize, reply: ConfigureReply) -> BaseException | None:
-        store = self._store
-        if reply.status == scripts.CONFLICT:
-            message = (
-                f"{self._describe}: redis_url {store.redis_url}: this process is configured "
-                f"with size {pending.size}, but processes that share the limit use size "
-                f"{reply.limit}"
-                + (f" (configured {reply.configured})" if reply.configured is not None else "")
-                + ": change a shared limit's size with resize() (or a settings reload), or "
-                "stop the processes with the other size first"
-            )
-            store.pending = None
-            store.misconfigured = message
-            return LimitConfigurationError(message)
-        if store.pending == pending:
-            store.pending = None
-        if store.misconfigured is not None:  # a size conflict (nothing else gets an answer)
-            _log.warning(
-                "gym_concurrency: %s: size %d accepted: admitting again",
-                self._describe,
-                pending.size,
-            )
-            store.misconfigured = None
-        return None
 
     # --- renewal (the heartbeat thread) ------------------------------------------------
 

@@ -23,11 +23,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Final
 
-from .._base import LimitBase, check_count, check_seconds
+from .._base import LimitBase, check_count
 from ..limit import Admission, GlobalStatistics, LimitConfigurationError, LimitStatistics
 from . import scripts
 from ._away import AwayMixin
-from ._checks import RedisUnavailable, check_key, check_mode, check_name, check_url
+from ._checks import RedisUnavailable, check_key, check_mode, check_name, check_timing, check_url
+from ._ends import EndsMixin
 from ._fallback import Fallback
 from ._loops import Heartbeat, mailbox
 from ._store import PendingSize, RedisStore
@@ -43,7 +44,7 @@ LeaseLostHook = Callable[["SharedLimit", tuple[str, ...]], None]
 _CLOSE_SECONDS: Final = 2.0  # how long close() waits for in-flight Redis calls
 
 
-class SharedLimit(AwayMixin, LimitBase):
+class SharedLimit(AwayMixin, EndsMixin, LimitBase):
     """A FIFO concurrency limit shared across processes and hosts through Redis or Valkey.
 
     The same contract as MeteredSemaphore, globally: never more than `limit` leases across all
@@ -95,13 +96,7 @@ class SharedLimit(AwayMixin, LimitBase):
         shared_key = check_key(key, component, server, limit_name)
         check_url(redis_url)
         check_name("key_prefix", key_prefix)
-        check_seconds(owner, "lease_seconds", lease_seconds)
-        check_seconds(owner, "redis_timeout", redis_timeout)
-        if redis_timeout >= lease_seconds:
-            raise ValueError(
-                f"SharedLimit redis_timeout must be less than lease_seconds, got "
-                f"redis_timeout={redis_timeout} with lease_seconds={lease_seconds}"
-            )
+        check_timing(lease_seconds, redis_timeout)
         check_mode(redis_unavailable, local_max_concurrent)
         check_count(owner, "max_connections", max_connections, minimum=1)
         self._key = shared_key
@@ -387,36 +382,6 @@ class SharedLimit(AwayMixin, LimitBase):
         await self._store.aclose()
 
     aclose = close  # for contextlib.aclosing()
-
-    # --- local waiters (while Redis is away: _away.py) -------------------------------
-
-    def _add(self, waiter: Waiter, loop: asyncio.AbstractEventLoop) -> Waiter:
-        return self._waiters.add(waiter, self._timeout, loop, self._expire)
-
-    def _abandon(self, waiter: Waiter) -> None:
-        """Undo what `waiter` holds or queues elsewhere, now that it has ended here."""
-        if waiter.fallback is not None:
-            if self._fallback is not None:
-                self._fallback.leave(waiter.fallback)  # passes on a slot it was just handed
-        elif waiter.id is not None and waiter.registered:
-            self._sync.remove(waiter.id)
-        # not answered yet: _registered() removes what Redis made for it
-
-    def _expire(self, waiter: Waiter) -> None:
-        waiter.timer = None
-        if not self._waiters.current(waiter):
-            return
-        self._waiters.end(waiter)
-        if not waiter.future.done():  # else cancelled with its task, counted when it leaves
-            self._timeouts += 1
-            waiter.future.set_result("timeout")
-        self._abandon(waiter)
-
-    def _refuse_shed(self, waiter: Waiter) -> None:
-        """Redis found the global queue full for `waiter`."""
-        self._waiters.end(waiter)
-        self._shed += 1
-        waiter.future.set_result("shed")
 
     # --- the connection ------------------------------------------------------------
 
