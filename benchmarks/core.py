@@ -352,7 +352,7 @@ BENCHMARKS: dict[str, Benchmark] = {
             Case("resources_operation (disabled)", operation(MeteredSemaphore(1))),
             Case("delegating wrapper (reference)", delegate(MeteredSemaphore(1))),
         ],
-        {"resources_operation (disabled)": 1.2},
+        {"resources_operation (disabled)": 1.25},
     ),
     "exporting": Benchmark(
         "4. resources_operation exporting vs floor (bare + two histogram records)",

@@ -92,6 +92,13 @@ class PerMeter(Generic[T]):
 
     def get(self, meter_provider: MeterProvider | None = None) -> T | None:
         """What `make` made for `meter_provider` (None = global), or None if it exports nothing."""
+        if (
+            meter_provider is None
+            and _environment_consulted
+            and _HAS_GLOBAL
+            and _api_internal._METER_PROVIDER is None
+        ):
+            return None  # no global provider yet: the common answer, with no call at all
         provider = current_provider(meter_provider)
         if provider is None:
             return None
