@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC
@@ -31,6 +32,12 @@ __all__ = [
 RetryReason = Literal["status", "connection", "timeout"]
 BackoffSource = Literal["retry_after", "backoff"]
 DeniedReason = Literal["attempts", "budget", "deadline", "retry_after_too_long"]
+
+# RFC 9110 10.2.3: Retry-After is an HTTP date or delta-seconds = 1*DIGIT (ASCII digits only);
+# retry-after-ms (OpenAI's) a non-negative decimal. OWS is spaces and horizontal tabs.
+_DELTA_SECONDS = re.compile(r"[0-9]+")
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
+_OWS = " \t"
 
 # RFC 9110 9.2.2: repeating these has the effect of sending them once.
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
@@ -104,19 +111,20 @@ def server_says_retry(policy: RetryPolicy, status: int, should_retry: str | None
 def retry_after_seconds(
     retry_after_ms: str | None, retry_after: str | None, now: float
 ) -> float | None:
-    """The server's delay in seconds: `retry-after-ms`, else `Retry-After` as seconds or as an
-    HTTP date (less `now`, a Unix time; a date in the past is 0). None if neither is usable."""
+    """The server's delay in seconds: `retry-after-ms` (a non-negative decimal), else
+    `Retry-After` as delta-seconds (ASCII digits) or as an HTTP date (less `now`, a Unix time;
+    a date in the past is 0). None if neither is usable: the backoff applies."""
     if retry_after_ms is not None:
-        milliseconds = _non_negative(retry_after_ms)
+        milliseconds = _number(_DECIMAL, retry_after_ms)
         if milliseconds is not None:
             return milliseconds / 1000.0
     if retry_after is None:
         return None
-    seconds = _non_negative(retry_after)
+    seconds = _number(_DELTA_SECONDS, retry_after)
     if seconds is not None:
         return seconds
     try:
-        when = parsedate_to_datetime(retry_after.strip())
+        when = parsedate_to_datetime(retry_after.strip(_OWS))
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:  # "-0000": UTC, its zone merely unstated (HTTP dates are GMT)
@@ -124,12 +132,14 @@ def retry_after_seconds(
     return max(0.0, when.timestamp() - now)
 
 
-def _non_negative(text: str) -> float | None:
-    try:
-        value = float(text.strip())
-    except ValueError:
+def _number(form: re.Pattern[str], text: str) -> float | None:
+    """`text` (less optional whitespace) as a number if it has `form` exactly, else None:
+    Python's float() would also take "1_0", non-ASCII digits, "inf" or "1e3"."""
+    value = text.strip(_OWS)
+    if form.fullmatch(value) is None:
         return None
-    return value if value >= 0 and math.isfinite(value) else None
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def retry_after_delay(

@@ -334,6 +334,18 @@ class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
             READ_ENVIRONMENT.reset(token)
 
 
+# What routes sharing a limit_name share (one limit): a global limit and a process one cannot be
+# the same limit, nor two fallbacks of different sizes.
+_SHARED_ROUTE_FIELDS = (
+    "max_concurrent",
+    "queue_timeout_seconds",
+    "max_queue",
+    "adaptive",
+    "scope",
+    "local_max_concurrent",
+)
+
+
 def _check_shared_route_limits(routes: list[RouteLimit]) -> None:
     first: dict[str, tuple[int, RouteLimit]] = {}
     for index, route in enumerate(routes):
@@ -341,7 +353,7 @@ def _check_shared_route_limits(routes: list[RouteLimit]) -> None:
             first[route.limit_name] = (index, route)
             continue
         first_index, other = first[route.limit_name]
-        for field in ("max_concurrent", "queue_timeout_seconds", "max_queue", "adaptive"):
+        for field in _SHARED_ROUTE_FIELDS:
             mine, theirs = getattr(route, field), getattr(other, field)
             if mine != theirs:
                 raise ValueError(

@@ -5,6 +5,7 @@ range, the budget's bound over every window) over generated inputs."""
 from __future__ import annotations
 
 import email.utils
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -61,7 +62,7 @@ def test_retry_after_ms_comes_first_then_seconds_then_a_date():
     now = 1_700_000_000.0
     assert retry_after_seconds("250", "3", now) == 0.25
     assert retry_after_seconds(None, "3", now) == 3.0
-    assert retry_after_seconds("soon", "1.5", now) == 1.5  # an unusable ms header is skipped
+    assert retry_after_seconds("soon", "2", now) == 2.0  # an unusable ms header is skipped
     date = email.utils.formatdate(now + 7, usegmt=True)
     assert retry_after_seconds(None, date, now) == pytest.approx(7.0)
     past = email.utils.formatdate(now - 30, usegmt=True)
@@ -69,6 +70,40 @@ def test_retry_after_ms_comes_first_then_seconds_then_a_date():
     assert retry_after_seconds(None, "tomorrow", now) is None
     assert retry_after_seconds("-5", "-1", now) is None
     assert retry_after_seconds(None, None, now) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1_0",
+        "\uff11\uff10",
+        "\u0661\u0660",
+        "1.5",
+        "1e3",
+        "inf",
+        "nan",
+        "+3",
+        "-1",
+        "0x10",
+        "3 s",
+        "",
+    ],
+)
+def test_retry_after_is_delta_seconds_in_ascii_digits_or_a_date(text: str):
+    # RFC 9110: delta-seconds = 1*DIGIT. Python's float() would read "1_0" as 10, full-width
+    # and Arabic-Indic digits as numbers, "inf" and "1e3": each is ignored, the backoff applies.
+    assert retry_after_seconds(None, text, 0.0) is None
+    assert retry_after_seconds(None, f" \t{7}\t ", 0.0) == 7.0  # optional whitespace around
+
+
+@pytest.mark.parametrize(
+    "text", ["1_000", "\uff15\uff10\uff10", "1e3", "inf", "nan", "-0", "+5", "5ms"]
+)
+def test_retry_after_ms_is_a_non_negative_decimal(text: str):
+    assert retry_after_seconds(text, None, 0.0) is None
+    assert retry_after_seconds(text, "3", 0.0) == 3.0  # then Retry-After is read
+    assert retry_after_seconds("250.5", None, 0.0) == pytest.approx(0.2505)
+    assert retry_after_seconds(".5", None, 0.0) == pytest.approx(0.0005)
 
 
 def test_x_should_retry_overrides_the_status_list_on_error_statuses():
@@ -82,14 +117,13 @@ def test_x_should_retry_overrides_the_status_list_on_error_statuses():
 
 
 @given(
-    seconds=st.floats(min_value=0, max_value=1e6, allow_nan=False),
+    seconds=st.integers(min_value=0, max_value=10**6),
     milliseconds=st.none() | st.floats(min_value=0, max_value=1e9, allow_nan=False),
 )
-def test_the_delay_is_never_shorter_than_the_servers_word(
-    seconds: float, milliseconds: float | None
-):
-    ms_header = None if milliseconds is None else repr(milliseconds)
-    delay = retry_after_seconds(ms_header, repr(seconds), 0.0)
+def test_the_delay_is_never_shorter_than_the_servers_word(seconds: int, milliseconds: float | None):
+    # Plain decimal notation, exact: the header form (repr() may use an exponent).
+    ms_header = None if milliseconds is None else format(Decimal(milliseconds), "f")
+    delay = retry_after_seconds(ms_header, str(seconds), 0.0)
     assert delay is not None
     expected = seconds if milliseconds is None else milliseconds / 1000.0
     assert delay >= expected

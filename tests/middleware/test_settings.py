@@ -68,11 +68,19 @@ def test_invalid_operation_limit_names_the_field():
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_concurrent", 8), ("queue_timeout_seconds", 2.0), ("max_queue", 3)],
+    [
+        ("max_concurrent", 8),
+        ("queue_timeout_seconds", 2.0),
+        ("max_queue", 3),
+        ("scope", "global"),  # one limit cannot be both this process's and every process's
+    ],
 )
 def test_routes_sharing_a_limit_name_must_agree(field: str, value: object):
     with pytest.raises(ValidationError) as raised:
-        ConcurrencySettings(routes=[route(), route(path="/other", **{field: value})])
+        ConcurrencySettings(
+            redis_url="redis://127.0.0.1:6379/0",
+            routes=[route(), route(path="/other", **{field: value})],
+        )
     error = str(raised.value)
     assert f"routes.1.{field}" in error
     assert "limit_name 'episodes' is shared with routes.0 (/run)" in error
