@@ -7,6 +7,7 @@ Only translation lives here; the call loop is gym_concurrency.clients.calls. Nee
 
 from __future__ import annotations
 
+import asyncio
 from typing import NamedTuple
 
 from opentelemetry.metrics import MeterProvider
@@ -22,7 +23,7 @@ except ImportError as error:  # absent, or older than client middlewares (3.12)
 from ..limits import Limit
 from ..limits.adaptive import AdaptiveController
 from .adaptive import AdaptiveConfig
-from .calls import CallsView, DeadlineExceeded, LimitedCalls, Slot
+from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
 from .retry import RetryPolicy, RetryReason
 
 __all__ = ["LimitedMiddleware", "limited_middleware"]
@@ -111,16 +112,33 @@ class _AiohttpExchange:
         finally:
             response.release()
 
-    def hand_over(self, response: ClientResponse, slot: Slot) -> ClientResponse:
+    def hand_over(
+        self, response: ClientResponse, slot: Slot, deadline: BodyDeadline | None
+    ) -> ClientResponse:
         connection = response.connection
         if connection is None:  # no body to read (or it was read already): nothing to hold
             slot.release()
-        else:  # called when the body has been read, or the response released or closed
-            connection.add_callback(slot.release)
+            return response
+        # Called when the body has been read, or the response released or closed.
+        connection.add_callback(slot.release)
+        if deadline is not None:
+            cut = asyncio.get_running_loop().call_at(deadline.at, _cut_off, response, deadline)
+            connection.add_callback(cut.cancel)
         return response
 
-    def deadline_exceeded(self, request: _Call, seconds: float) -> DeadlineExceeded:
+    def deadline_exceeded(
+        self, request: _Call, seconds: float, part: str = "response"
+    ) -> DeadlineExceeded:
         req = request.request
         return DeadlineExceeded(
-            f"{req.method} {req.url}: no response within the call's deadline of {seconds:g} s"
+            f"{req.method} {req.url}: no {part} within the call's deadline of {seconds:g} s"
         )
+
+
+def _cut_off(response: ClientResponse, deadline: BodyDeadline) -> None:
+    """The call's deadline passed with the body still unread: a read waiting (or to come)
+    raises the deadline's error, and the connection is closed (giving the slot back)."""
+    if response.connection is None:
+        return  # read in full, released or closed meanwhile
+    response.content.set_exception(deadline.error())
+    response.close()

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -40,7 +42,7 @@ from .retry import (
     server_says_retry,
 )
 
-__all__ = ["CallsView", "DeadlineExceeded", "Exchange", "LimitedCalls", "Slot"]
+__all__ = ["BodyDeadline", "CallsView", "DeadlineExceeded", "Exchange", "LimitedCalls", "Slot"]
 
 RequestT = TypeVar("RequestT")
 ResponseT = TypeVar("ResponseT")
@@ -49,6 +51,15 @@ _Request = TypeVar("_Request", contravariant=True)
 
 class DeadlineExceeded(TimeoutError):
     """The call's `deadline_seconds` ran out while it waited for a slot or for a response."""
+
+
+@dataclass(frozen=True, slots=True)
+class BodyDeadline:
+    """When (loop time) a response's body must have been read by, and the error for a read
+    still going then: the call's `deadline_seconds` bounds its body too."""
+
+    at: float
+    error: Callable[[], DeadlineExceeded]
 
 
 class Slot:
@@ -106,13 +117,19 @@ class Exchange(Protocol[_Request, ResponseT]):
         connection can be reused)."""
         ...
 
-    def hand_over(self, response: ResponseT, slot: Slot) -> ResponseT:
+    def hand_over(
+        self, response: ResponseT, slot: Slot, deadline: BodyDeadline | None
+    ) -> ResponseT:
         """The caller's response, which releases `slot` once its body is read in full or it
-        is closed (at once if it has no body left)."""
+        is closed (at once if it has no body left); a read of its body still going at the
+        `deadline` fails with the deadline's error."""
         ...
 
-    def deadline_exceeded(self, request: _Request, seconds: float) -> DeadlineExceeded:
-        """The error a call cut off by its deadline raises (a DeadlineExceeded)."""
+    def deadline_exceeded(
+        self, request: _Request, seconds: float, part: str = "response"
+    ) -> DeadlineExceeded:
+        """The error a call cut off by its deadline raises (a DeadlineExceeded), waiting for
+        its `part` ("response", or "whole body")."""
         ...
 
 
@@ -197,7 +214,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
             else:
                 delay = await self._after_response(request, response, slot, attempt, deadline)
                 if delay is None:
-                    return self._exchange.hand_over(response, slot)
+                    return self._exchange.hand_over(response, slot, self._body(request, deadline))
             await asyncio.sleep(delay)  # holding no slot
             attempt += 1
 
@@ -228,10 +245,15 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
                 raise self._deadline_error(request) from None
             raise
 
-    def _deadline_error(self, request: RequestT) -> DeadlineExceeded:
+    def _deadline_error(self, request: RequestT, part: str = "response") -> DeadlineExceeded:
         seconds = self.retry.deadline_seconds if self.retry is not None else None
         assert seconds is not None, "only a call with a deadline is cut off by one"
-        return self._exchange.deadline_exceeded(request, seconds)
+        return self._exchange.deadline_exceeded(request, seconds, part)
+
+    def _body(self, request: RequestT, deadline: float | None) -> BodyDeadline | None:
+        if deadline is None:
+            return None
+        return BodyDeadline(deadline, lambda: self._deadline_error(request, "whole body"))
 
     def _after_error(
         self,

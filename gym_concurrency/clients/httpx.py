@@ -8,6 +8,7 @@ Only translation lives here; the call loop is gym_concurrency.clients.calls. Nee
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from opentelemetry.metrics import MeterProvider
@@ -22,7 +23,7 @@ except ImportError as error:
 from ..limits import Limit
 from ..limits.adaptive import AdaptiveController
 from .adaptive import AdaptiveConfig
-from .calls import CallsView, DeadlineExceeded, LimitedCalls, Slot
+from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
 from .retry import RetryPolicy, RetryReason
 
 __all__ = ["DeadlineTimeout", "LimitedTransport"]
@@ -115,37 +116,63 @@ class _HttpxExchange:
         finally:
             await response.aclose()
 
-    def hand_over(self, response: httpx.Response, slot: Slot) -> httpx.Response:
+    def hand_over(
+        self, response: httpx.Response, slot: Slot, deadline: BodyDeadline | None
+    ) -> httpx.Response:
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream), "an async transport's response"
-        response.stream = _SlotStream(stream, slot)
+        response.stream = _SlotStream(stream, slot, deadline)
         return response
 
-    def deadline_exceeded(self, request: httpx.Request, seconds: float) -> DeadlineExceeded:
+    def deadline_exceeded(
+        self, request: httpx.Request, seconds: float, part: str = "response"
+    ) -> DeadlineExceeded:
         return DeadlineTimeout(
-            f"{request.method} {request.url}: no response within the call's deadline of "
+            f"{request.method} {request.url}: no {part} within the call's deadline of "
             f"{seconds:g} s",
             request=request,
         )
 
 
 class _SlotStream(httpx.AsyncByteStream):
-    """A response body that gives its slot back once read in full, closed, or broken off."""
+    """A response body that gives its slot back once read in full, closed, or broken off; a
+    read still going at the call's deadline raises DeadlineTimeout."""
 
-    __slots__ = ("_slot", "_stream")
+    __slots__ = ("_deadline", "_slot", "_stream")
 
-    def __init__(self, stream: httpx.AsyncByteStream, slot: Slot) -> None:
+    def __init__(
+        self, stream: httpx.AsyncByteStream, slot: Slot, deadline: BodyDeadline | None
+    ) -> None:
         self._stream = stream
         self._slot = slot
+        self._deadline = deadline
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self._stream:
+            chunks = aiter(self._stream)
+            while (chunk := await self._next(chunks)) is not None:
                 yield chunk
         except BaseException:  # a broken or cancelled read: the caller may never close it
             self._slot.release(measured=False)
             raise
         self._slot.release()
+
+    async def _next(self, chunks: AsyncIterator[bytes]) -> bytes | None:
+        """The next chunk (None at the end), within the call's deadline if it has one."""
+        deadline = self._deadline
+        try:
+            if deadline is None:
+                return await anext(chunks)
+            timeout = asyncio.timeout_at(deadline.at)
+            try:
+                async with timeout:
+                    return await anext(chunks)
+            except TimeoutError:
+                if timeout.expired():
+                    raise deadline.error() from None
+                raise
+        except StopAsyncIteration:
+            return None
 
     async def aclose(self) -> None:
         try:

@@ -133,3 +133,19 @@ async def test_the_deadline_cuts_off_a_slow_attempt(upstream: Upstream, limit: M
         with pytest.raises(DeadlineExceeded, match=r"deadline of 0\.3 s"):
             await session.get("/slow")
     assert limit.active == 0
+
+
+async def test_the_deadline_ends_a_body_that_outlasts_it(
+    upstream: Upstream, limit: MeteredSemaphore
+):
+    # Headers at once, then a body of 4 chunks a second apart: a 1 s deadline ends the read
+    # within 1.2 s (it stopped at the headers before), and the slot is given back.
+    upstream.script("/stream", Reply(chunks=4, chunk_delay=1.0))
+    loop = asyncio.get_running_loop()
+    async with session_for(upstream.url, limit, retry=RetryPolicy(deadline_seconds=1.0)) as session:
+        started = loop.time()
+        response = await session.get("/stream")
+        with pytest.raises(DeadlineExceeded, match=r"no whole body within the call's deadline"):
+            await response.read()
+        assert loop.time() - started < 1.2
+        await eventually(lambda: limit.active == 0, "the slot to come back", seconds=2)

@@ -298,3 +298,19 @@ async def test_the_instruments_carry_the_limits_attributes(
     assert backoff["backoff"].count == 1
     assert 0 <= backoff["backoff"].sum <= 1000 * FAST.backoff_seconds * 2
     assert names.CLIENT_RETRIES_DENIED_INSTRUMENT not in found
+
+
+async def test_the_deadline_ends_a_body_that_outlasts_it(upstream: Upstream, name: str):
+    # Headers at once, then a body of 4 chunks a second apart: a 1 s deadline ends the read
+    # within 1.2 s (it stopped at the headers before), and the slot is given back.
+    limit = MeteredSemaphore(1, component=name, limit_name="body_deadline")
+    upstream.script("/stream", Reply(chunks=4, chunk_delay=1.0))
+    loop = asyncio.get_running_loop()
+    async with client_for(upstream, limit, retry=RetryPolicy(deadline_seconds=1.0)) as client:
+        started = loop.time()
+        with pytest.raises(httpx.TimeoutException) as cut:
+            await client.get("/stream")
+        assert loop.time() - started < 1.2
+        assert isinstance(cut.value, DeadlineExceeded)
+        assert "no whole body within the call's deadline of 1 s" in str(cut.value)
+        assert limit.active == 0
