@@ -24,6 +24,7 @@ from ..limits import Limit
 from ..limits.adaptive import AdaptiveController
 from .adaptive import AdaptiveConfig
 from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
+from .leaks import guard_slot
 from .retry import RetryPolicy, RetryReason
 
 __all__ = ["LimitedMiddleware", "limited_middleware"]
@@ -121,6 +122,7 @@ class _AiohttpExchange:
             return response
         # Called when the body has been read, or the response released or closed.
         connection.add_callback(slot.release)
+        guard_slot(response, slot)  # dropped unreleased: the slot comes back when collected
         if deadline is not None:
             cut = asyncio.get_running_loop().call_at(deadline.at, _cut_off, response, deadline)
             connection.add_callback(cut.cancel)

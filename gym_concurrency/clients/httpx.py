@@ -9,6 +9,7 @@ Only translation lives here; the call loop is gym_concurrency.clients.calls. Nee
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import AsyncIterator
 
 from opentelemetry.metrics import MeterProvider
@@ -24,6 +25,7 @@ from ..limits import Limit
 from ..limits.adaptive import AdaptiveController
 from .adaptive import AdaptiveConfig
 from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
+from .leaks import guard_slot
 from .retry import RetryPolicy, RetryReason
 
 __all__ = ["DeadlineTimeout", "LimitedTransport"]
@@ -54,9 +56,10 @@ class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
         meter_provider: MeterProvider | None = None,
     ) -> None:
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
+        self._exchange = _HttpxExchange(self.transport)
         self.calls: LimitedCalls[httpx.Request, httpx.Response] = LimitedCalls(
             limit,
-            _HttpxExchange(self.transport),
+            self._exchange,
             retry=retry,
             adaptive=adaptive,
             meter_provider=meter_provider,
@@ -67,17 +70,21 @@ class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
         return await self.calls.call(request)
 
     async def aclose(self) -> None:
-        """Close the wrapped transport."""
+        """Close the wrapped transport; slots still held by responses not closed (a stream
+        abandoned unread) come back now."""
+        for stream in list(self._exchange.streams):
+            stream.give_back()
         await self.transport.aclose()
 
 
 class _HttpxExchange:
-    """The call loop's view of httpx."""
+    """The call loop's view of httpx; `streams`: the response bodies that still hold a slot."""
 
-    __slots__ = ("transport",)
+    __slots__ = ("streams", "transport")
 
     def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
         self.transport = transport
+        self.streams: weakref.WeakSet[_SlotStream] = weakref.WeakSet()
 
     def method(self, request: httpx.Request) -> str:
         return request.method
@@ -121,7 +128,10 @@ class _HttpxExchange:
     ) -> httpx.Response:
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream), "an async transport's response"
-        response.stream = _SlotStream(stream, slot, deadline)
+        response.stream = held = _SlotStream(stream, slot, deadline)
+        self.streams.add(held)
+        # Dropped unclosed: the slot and the pooled connection come back when it is collected.
+        guard_slot(held, slot, stream.aclose)
         return response
 
     def deadline_exceeded(
@@ -179,3 +189,7 @@ class _SlotStream(httpx.AsyncByteStream):
             await self._stream.aclose()
         finally:
             self._slot.release()
+
+    def give_back(self) -> None:
+        """Its client is closing: the slot comes back, unread or not (no latency sample)."""
+        self._slot.release(measured=False)
