@@ -24,7 +24,6 @@ from ..limits import Limit
 from ..limits.adaptive import AdaptiveController
 from .adaptive import AdaptiveConfig
 from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
-from .leaks import guard_slot
 from .retry import RetryPolicy, RetryReason
 
 __all__ = ["LimitedMiddleware", "limited_middleware"]
@@ -120,9 +119,9 @@ class _AiohttpExchange:
         if connection is None:  # no body to read (or it was read already): nothing to hold
             slot.release()
             return response
-        # Called when the body has been read, or the response released or closed.
+        # Called when the body has been read, or the response released or closed (also by
+        # aiohttp's own finalizer when the response is dropped unreleased).
         connection.add_callback(slot.release)
-        guard_slot(response, slot)  # dropped unreleased: the slot comes back when collected
         if deadline is not None:
             cut = asyncio.get_running_loop().call_at(deadline.at, _cut_off, response, deadline)
             connection.add_callback(cut.cancel)

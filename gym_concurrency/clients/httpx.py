@@ -158,31 +158,15 @@ class _SlotStream(httpx.AsyncByteStream):
         self._deadline = deadline
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        deadline = self._deadline
+        chunks = self._stream if deadline is None else _within(self._stream, deadline)
         try:
-            chunks = aiter(self._stream)
-            while (chunk := await self._next(chunks)) is not None:
+            async for chunk in chunks:
                 yield chunk
         except BaseException:  # a broken or cancelled read: the caller may never close it
             self._slot.release(measured=False)
             raise
         self._slot.release()
-
-    async def _next(self, chunks: AsyncIterator[bytes]) -> bytes | None:
-        """The next chunk (None at the end), within the call's deadline if it has one."""
-        deadline = self._deadline
-        try:
-            if deadline is None:
-                return await anext(chunks)
-            timeout = asyncio.timeout_at(deadline.at)
-            try:
-                async with timeout:
-                    return await anext(chunks)
-            except TimeoutError:
-                if timeout.expired():
-                    raise deadline.error() from None
-                raise
-        except StopAsyncIteration:
-            return None
 
     async def aclose(self) -> None:
         try:
@@ -193,3 +177,20 @@ class _SlotStream(httpx.AsyncByteStream):
     def give_back(self) -> None:
         """Its client is closing: the slot comes back, unread or not (no latency sample)."""
         self._slot.release(measured=False)
+
+
+async def _within(stream: httpx.AsyncByteStream, deadline: BodyDeadline) -> AsyncIterator[bytes]:
+    """`stream`'s chunks, each read before the call's deadline, else its DeadlineTimeout."""
+    chunks = aiter(stream)
+    while True:
+        timeout = asyncio.timeout_at(deadline.at)
+        try:
+            async with timeout:
+                chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            if timeout.expired():
+                raise deadline.error() from None
+            raise
+        yield chunk

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 import sys
 import weakref
 from collections.abc import Awaitable, Callable
@@ -19,11 +18,8 @@ from .calls import Slot
 __all__ = ["guard_slot"]
 
 _log = logging.getLogger("gym_concurrency.clients")
-# Frames in these packages are not "where the response was made": the caller's code is.
-_LIBRARIES = tuple(
-    os.sep + name + os.sep
-    for name in ("gym_concurrency", "httpx", "httpcore", "aiohttp", "openai", "asyncio", "anyio")
-)
+# Frames of these packages' modules are not "where the response was made": the caller's are.
+_LIBRARIES = ("gym_concurrency", "httpx", "httpcore", "openai", "asyncio", "anyio")
 _said = False
 
 
@@ -41,12 +37,17 @@ def guard_slot(owner: object, slot: Slot, close: Close | None = None) -> None:
 def _made_at() -> str:
     """The first frame outside this library and the HTTP clients: the caller's code."""
     frame: FrameType | None = sys._getframe(2)
-    while frame is not None and any(part in frame.f_code.co_filename for part in _LIBRARIES):
+    while frame is not None and _in_library(frame):
         frame = frame.f_back
     if frame is None:
         return "an unknown place"
     code = frame.f_code
     return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+
+
+def _in_library(frame: FrameType) -> bool:
+    module = str(frame.f_globals.get("__name__", ""))
+    return module.partition(".")[0] in _LIBRARIES
 
 
 def _collected(
