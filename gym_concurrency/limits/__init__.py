@@ -3,9 +3,16 @@
 
 # As asyncio/__init__.py: each submodule's __all__ is the package's.
 from . import limit, local, shared
+from .flows import FlowStatistics
 from .limit import *  # noqa: F403
 from .local import *  # noqa: F403
 from .registry import registered_limits
 from .shared import *  # noqa: F403
 
-__all__ = [*limit.__all__, *local.__all__, *shared.__all__, "registered_limits"]
+__all__ = [
+    *limit.__all__,
+    *local.__all__,
+    *shared.__all__,
+    "FlowStatistics",
+    "registered_limits",
+]

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Hashable
 from typing import ClassVar, Literal
 
+from .flows import FlowStatistics
 from .limit import (
     Admission,
+    Hold,
     LimitScope,
     LimitStatistics,
     LimitUnavailableError,
@@ -128,17 +131,32 @@ class LimitBase:
         """Tasks (of this process) waiting for a slot now."""
         raise NotImplementedError
 
-    def try_acquire(self) -> bool:
-        """Take a free slot without waiting (never ahead of a waiter); True if taken."""
+    def try_acquire(self, weight: int = 1, flow: Hashable = None) -> bool:
+        """Take `weight` without waiting (never ahead of a waiter); True if taken."""
         raise NotImplementedError
 
-    def enqueue(self) -> asyncio.Future[Admission]:
+    def enqueue(self, weight: int = 1, flow: Hashable = None) -> asyncio.Future[Admission]:
         """Join the queue; the future ends with how the wait ended (done at once if shed)."""
         raise NotImplementedError
 
-    def release(self) -> None:
-        """Give a held slot back; ValueError if none is held."""
+    def release(self, weight: int = 1, flow: Hashable = None) -> None:
+        """Give back `weight` held by `flow`; ValueError if it holds less."""
         raise NotImplementedError
+
+    @property
+    def queued_weight(self) -> int:
+        """The weight the waiters ask for (each asks for 1 unless a kind says otherwise)."""
+        return self.queue_depth
+
+    @property
+    def waiting_flows(self) -> int:
+        """Flows with a waiter now."""
+        return int(self.queue_depth > 0)
+
+    def flow_statistics(self) -> list[FlowStatistics]:
+        """Every flow that holds weight or waits now: here, only the default flow (None)."""
+        active, waiting = self.active, self.queue_depth
+        return [FlowStatistics(None, active, waiting, waiting)] if active or waiting else []
 
     def resize(self, limit: int) -> None:
         """Change the number of slots; held slots are never revoked."""
@@ -166,6 +184,8 @@ class LimitBase:
             admission_timeouts=self._timeouts,
             admission_cancelled=self._cancelled,
             admission_shed=self._shed,
+            queued_weight=self.queued_weight,
+            flows=self.waiting_flows,
         )
 
     def _describe(self) -> str:
@@ -177,14 +197,18 @@ class LimitBase:
 
     # --- admission -------------------------------------------------------------------
 
-    async def acquire(self) -> Literal[True]:
-        """Take a slot, waiting in FIFO order; raises TimeoutError, QueueFullError,
-        LimitUnavailableError, or cancels (leaving the queue)."""
-        if not self.try_acquire():
-            admission = await wait_in_queue(self)
+    async def acquire(self, weight: int = 1, flow: Hashable = None) -> Literal[True]:
+        """Take `weight` for `flow`, waiting in fair order; raises TimeoutError,
+        QueueFullError, LimitUnavailableError, or cancels (leaving the queue)."""
+        if not self.try_acquire(weight, flow):
+            admission = await wait_in_queue(self, weight, flow)
             if admission != "admitted":
                 raise self._refused(admission)
         return True
+
+    def hold(self, weight: int = 1, flow: Hashable = None) -> Hold:
+        """`async with limit.hold(weight, flow):` acquires on enter, releases on exit."""
+        return Hold(self, weight, flow)
 
     async def __aenter__(self) -> None:
         # acquire() without a second coroutine (asyncio's mixin awaits self.acquire()).
@@ -217,8 +241,12 @@ class LimitBase:
             self._cancelled += counted
         elif waiter.result() == "admitted":
             self._cancelled += counted
-            self.settle(waiter)
-            self.release()
+            self._give_back(waiter)
+
+    def _give_back(self, waiter: asyncio.Future[Admission]) -> None:
+        """Release what was handed to `waiter`, whose task left before it resumed."""
+        self.settle(waiter)
+        self.release()
 
 
 def check_count(owner: str, name: str, value: object, *, minimum: int = 0) -> None:

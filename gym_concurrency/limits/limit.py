@@ -2,6 +2,10 @@
 outbound clients read and call, whatever kind of limit it is (a process's MeteredSemaphore, a
 limit shared across processes).
 
+Every admission takes a `weight` (an int >= 1, default 1: `limit`, `active` and `available`
+count weight) and a `flow` (any hashable, default None): freed capacity goes to the head of the
+waiting flow that holds the least weight (FIFO within a flow); see flows.py.
+
 Admission without raising: `try_acquire()` takes a free slot at once; otherwise `enqueue()`
 returns a future that ends with an `Admission`: "admitted" (the slot is held), or a `Refusal`:
 "timeout", "shed" (the queue was full; the future is then done already) or "unavailable" (a
@@ -15,13 +19,18 @@ State is read as one frozen `statistics()` value, as anyio's CapacityLimiter ans
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Literal, Protocol, get_args
+
+if TYPE_CHECKING:
+    from .flows import FlowStatistics
 
 __all__ = [
     "REFUSALS",
     "Admission",
     "GlobalStatistics",
+    "Hold",
     "Limit",
     "LimitConfigurationError",
     "LimitScope",
@@ -81,6 +90,8 @@ class LimitStatistics:
     admission_timeouts: int
     admission_cancelled: int
     admission_shed: int
+    queued_weight: int = 0  # the weight the waiters ask for
+    flows: int = 0  # flows with a waiter now
     admission_unavailable: int | None = None  # global limits only
     admission_lease_lost: int | None = None  # global limits only
     shared: GlobalStatistics | None = None  # global limits only
@@ -120,12 +131,16 @@ class Limit(Protocol):
         """The limit's state now, read at once (with a global limit's extra state)."""
         ...
 
-    def try_acquire(self) -> bool:
-        """Take a free slot without waiting (never ahead of a waiter); True if taken."""
+    def try_acquire(self, weight: int = 1, flow: Hashable = None) -> bool:
+        """Take `weight` without waiting (never ahead of a waiter); True if taken."""
         ...
 
-    def enqueue(self) -> asyncio.Future[Admission]:
+    def enqueue(self, weight: int = 1, flow: Hashable = None) -> asyncio.Future[Admission]:
         """Join the queue; the future ends with how the wait ended (done at once if shed)."""
+        ...
+
+    def flow_statistics(self) -> list[FlowStatistics]:
+        """Every flow that holds weight or waits now (the default flow is None)."""
         ...
 
     def settle(self, waiter: asyncio.Future[Admission]) -> None:
@@ -138,17 +153,21 @@ class Limit(Protocol):
         a slot handed to `waiter` at that moment passes on."""
         ...
 
-    def release(self) -> None:
-        """Give a held slot back."""
+    def release(self, weight: int = 1, flow: Hashable = None) -> None:
+        """Give back `weight` held by `flow` (what it was acquired with)."""
         ...
 
     def resize(self, limit: int) -> None:
         """Change the number of slots; held slots are never revoked."""
         ...
 
-    async def acquire(self) -> Literal[True]:
-        """Take a slot, waiting in FIFO order; TimeoutError / QueueFullError /
+    async def acquire(self, weight: int = 1, flow: Hashable = None) -> Literal[True]:
+        """Take `weight` for `flow`, waiting in fair order; TimeoutError / QueueFullError /
         LimitUnavailableError, or cancellation (leaving the queue)."""
+        ...
+
+    def hold(self, weight: int = 1, flow: Hashable = None) -> Hold:
+        """`async with limit.hold(weight, flow):` acquires on enter, releases on exit."""
         ...
 
     async def __aenter__(self) -> None:
@@ -160,10 +179,27 @@ class Limit(Protocol):
         ...
 
 
-async def wait_in_queue(limit: Limit) -> Admission:
+class Hold:
+    """`limit.hold(weight, flow)`: acquire on enter, release the same on exit."""
+
+    __slots__ = ("_flow", "_limit", "_weight")
+
+    def __init__(self, limit: Limit, weight: int, flow: Hashable) -> None:
+        self._limit = limit
+        self._weight = weight
+        self._flow = flow
+
+    async def __aenter__(self) -> None:
+        await self._limit.acquire(self._weight, self._flow)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._limit.release(self._weight, self._flow)
+
+
+async def wait_in_queue(limit: Limit, weight: int = 1, flow: Hashable = None) -> Admission:
     """Join `limit`'s queue and wait for how it ends; cancelled, leave the queue (a slot
     handed over at that moment passes on) and re-raise."""
-    waiter = limit.enqueue()
+    waiter = limit.enqueue(weight, flow)
     try:
         admission = await waiter
     except asyncio.CancelledError:

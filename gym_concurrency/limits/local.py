@@ -1,25 +1,33 @@
-"""MeteredSemaphore: an asyncio.BoundedSemaphore that counts its state in plain integers."""
+"""MeteredSemaphore: an asyncio.BoundedSemaphore that counts its state in plain integers, in
+units of weight, and serves flows fairly (see flows.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Hashable
 
 from ._base import LimitBase, check_count
-from .limit import Admission
+from .flows import Ask, FlowQueues, FlowStatistics, Waiting
+from .limit import Admission, wait_in_queue
 
 __all__ = ["MeteredSemaphore"]
 
 _CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 
+Waiter = asyncio.Future[Admission]
+
 
 class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
-    """A FIFO bounded semaphore whose limit, holders, waiters and failed admissions are readable.
+    """A bounded semaphore whose limit, holders, waiters and failed admissions are readable.
 
-    `timeout` bounds the wait inside `acquire()` (expiry raises TimeoutError); `max_queue`
-    bounds the waiters (a full queue raises QueueFullError at once). Acquire and release
-    make no telemetry call: the observer reads these integers at export.
+    Every call takes a `weight` (default 1) and a `flow` (default None): `limit`, `active` and
+    `available` count weight; freed capacity goes to the head of the waiting flow that holds
+    the least weight (FIFO within a flow; with one flow, plain FIFO). `timeout` bounds the wait
+    inside `acquire()` (expiry raises TimeoutError); `max_queue` bounds the waiters (a full
+    queue raises QueueFullError at once). Acquire and release make no telemetry call: the
+    observer reads these integers at export.
     """
 
     _label = "limit"
@@ -45,40 +53,70 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         )
         asyncio.BoundedSemaphore.__init__(self, value)
         self._limit = value
-        self._active = 0  # slots held, including ones handed to a waiter not yet resumed
+        self._active = 0  # weight held, including weight handed to a waiter not yet resumed
+        # Weight held by each flow but the default one (None holds the rest of `_active`);
+        # a flow is kept only while it holds weight.
+        self._held: dict[Hashable, int] = {}
+        self._held_by_flows = 0  # the sum of `_held`
         # Waiters in arrival order, each with its deadline (loop time, None without a
         # timeout); O(1) removal from the middle. Every waiter has the same timeout, so the
         # deadlines are in queue order too: one timer, for the oldest waiter, serves them all.
-        self._queue: OrderedDict[asyncio.Future[Admission], float | None] = OrderedDict()
+        self._queue: OrderedDict[Waiter, float | None] = OrderedDict()
         self._timer: asyncio.TimerHandle | None = None
-        # Waiters handed a slot whose tasks have not resumed yet (`settle()` or `leave()` ends
-        # each hand-over). Until they have, no later acquire takes a slot at once, as in
-        # asyncio.Semaphore: a task that releases and re-acquires runs after the waiters it
-        # handed slots to.
-        self._handed: set[asyncio.Future[Admission]] = set()
+        # While a waiter asks for a weight other than 1 or a flow other than None, every waiter
+        # is also queued by flow and the next one is chosen fairly; with the queue empty again,
+        # plain FIFO resumes.
+        self._flows = FlowQueues(self._held_by)
+        self._asks: dict[Waiter, Ask] = {}  # the ask of each waiter queued by flow
+        self._next: Waiting | None = None  # chosen, holding freed capacity until it fits
+        # Waiters handed weight whose tasks have not resumed yet (`settle()` or `leave()` ends
+        # each hand-over), with what they were handed (None: weight 1 of the default flow).
+        # Until they have, no later acquire takes weight at once, as in asyncio.Semaphore: a
+        # task that releases and re-acquires runs after the waiters it handed slots to.
+        self._handed: dict[Waiter, Ask | None] = {}
         self._register()
 
     # --- state -----------------------------------------------------------------------
 
     @property
     def limit(self) -> int:
-        """The number of slots."""
+        """The capacity, in weight."""
         return self._limit
 
     @property
     def active(self) -> int:
-        """Slots held now."""
+        """Weight held now."""
         return self._active
 
     @property
     def available(self) -> int:
-        """Slots free now: `limit - active`, or 0 while a shrunk limit drains."""
+        """Weight free now: `limit - active`, or 0 while a shrunk limit drains."""
         return max(0, self._limit - self._active)
 
     @property
     def queue_depth(self) -> int:
-        """Tasks waiting for a slot now."""
+        """Tasks waiting now."""
         return len(self._queue)
+
+    @property
+    def queued_weight(self) -> int:
+        """The weight the waiting tasks ask for."""
+        return self._flows.queued_weight if self._flows else len(self._queue)
+
+    @property
+    def waiting_flows(self) -> int:
+        """Flows with a waiter now."""
+        return len(self._flows) if self._flows else int(bool(self._queue))
+
+    def flow_statistics(self) -> list[FlowStatistics]:
+        """Every flow that holds weight or waits now (the default flow is None)."""
+        waiting = {flow: (n, w) for flow, n, w in self._flows.flows()}
+        if not self._flows and self._queue:
+            waiting[None] = (len(self._queue), len(self._queue))
+        flows = set(self._held) | set(waiting)
+        if self._active > self._held_by_flows:
+            flows.add(None)
+        return [FlowStatistics(f, self._held_by(f), *waiting.get(f, (0, 0))) for f in flows]
 
     def locked(self) -> bool:
         """True if `acquire()` would wait (or fail) rather than take a slot at once."""
@@ -96,25 +134,42 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             f"active={self._active} [{state}]>"
         )
 
+    def _held_by(self, flow: Hashable) -> int:
+        """The weight `flow` holds now."""
+        if flow is None:
+            return self._active - self._held_by_flows
+        return self._held.get(flow, 0)
+
     # --- acquire / release -----------------------------------------------------------
 
-    def try_acquire(self) -> bool:
-        """Take a slot if one is free and nobody waits (nor was handed a slot and has yet
-        to resume), without waiting; True if taken."""
-        if self._active < self._limit and not self._queue and not self._handed:
-            self._active += 1
+    def try_acquire(self, weight: int = 1, flow: Hashable = None) -> bool:
+        """Take `weight` if it is free and nobody waits (nor was handed weight and has yet to
+        resume), without waiting; True if taken. ValueError if `weight` exceeds the limit."""
+        if weight == 1 and flow is None:  # the default, kept as cheap as it always was
+            if self._active < self._limit and not self._queue and not self._handed:
+                self._active += 1
+                return True
+            return False
+        self._check_weight(weight)
+        if self._active + weight <= self._limit and not self._queue and not self._handed:
+            self._active += weight
+            if flow is not None:
+                self._take(flow, weight)
             return True
         return False
 
-    def enqueue(self) -> asyncio.Future[Admission]:
+    def enqueue(self, weight: int = 1, flow: Hashable = None) -> Waiter:
         """Join the queue (call after `try_acquire()` failed): the future ends "admitted" (the
-        slot is held), "timeout", or is "shed" already if `max_queue` tasks wait. Never raises."""
+        weight is held), "timeout", or is "shed" already if `max_queue` tasks wait.
+        ValueError if `weight` exceeds the limit; nothing else raises."""
+        if weight != 1:
+            self._check_weight(weight)
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[Admission] = loop.create_future()
-        # Never shed while a slot is free (held back only for a waiter handed one, not yet
+        waiter: Waiter = loop.create_future()
+        # Never shed while capacity is free (held back only for a waiter handed some, not yet
         # resumed): the request waits for that hand-over instead.
         full = self._max_queue is not None and len(self._queue) >= self._max_queue
-        if full and self._active >= self._limit:
+        if full and (self._active >= self._limit or self._next is not None):
             self._shed += 1
             waiter.set_result("shed")
             return waiter
@@ -124,13 +179,43 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             if self._timer is None:
                 self._timer = loop.call_at(deadline, self._expire)
         self._queue[waiter] = deadline
+        if weight != 1 or flow is not None or self._flows:
+            self._queue_by_flow(waiter, weight, flow)
+            if self._next is None and self._active < self._limit and not self._handed:
+                self._admit_fairly()  # it does not fit: it is chosen, and capacity held for it
         return waiter
 
-    def _forget(self, waiter: asyncio.Future[Admission]) -> bool:
+    def _queue_by_flow(self, waiter: Waiter, weight: int, flow: Hashable) -> None:
+        flows = self._flows
+        if not flows:  # the first such waiter: those before it wait in the default flow
+            for earlier in self._queue:
+                if earlier is not waiter:
+                    self._asks[earlier] = (1, None)
+                    flows.push(earlier, 1, None)
+        self._asks[waiter] = (weight, flow)
+        flows.push(waiter, weight, flow)
+
+    def _forget(self, waiter: Waiter) -> bool:
         if waiter not in self._queue:
             return False
-        del self._queue[waiter]  # the timer, if it was for this waiter, re-arms when it fires
+        # The timer, if it was for this waiter, re-arms when it fires.
+        if self._unqueue(waiter) and self._queue:
+            self._admit_waiters()  # the capacity held for it moves on
         return True
+
+    def _unqueue(self, waiter: Waiter) -> bool:
+        """Take `waiter` out of every queue it is in; True if it was the one chosen next."""
+        del self._queue[waiter]
+        if not self._flows:
+            return False
+        _, flow = self._asks.pop(waiter)
+        self._flows.remove(waiter, flow)
+        if not self._queue:
+            self._flows.clear()
+        chosen = self._next is not None and self._next.waiter is waiter
+        if chosen:
+            self._next = None
+        return chosen
 
     def _expire(self) -> None:
         """Time out every waiter whose deadline has passed (the oldest ones), then re-arm the
@@ -139,48 +224,131 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         loop = asyncio.get_running_loop()
         now = loop.time() + _CLOCK_RESOLUTION  # as the loop itself decides a timer is due
         queue = self._queue
+        chosen = False
         while queue:
             waiter, deadline = next(iter(queue.items()))
             if deadline is not None and deadline > now:
                 self._timer = loop.call_at(deadline, self._expire)
-                return
-            del queue[waiter]
+                break
+            chosen |= self._unqueue(waiter)
             if not waiter.done():  # else cancelled with its task, which counts it when it leaves
                 self._timeouts += 1
                 waiter.set_result("timeout")
+        if chosen and queue:
+            self._admit_waiters()  # the capacity held for the one that timed out moves on
 
-    def release(self) -> None:
-        """Give a slot back: to the longest waiter if any. Raises ValueError if none is held."""
-        if self._active <= 0:
-            raise ValueError(f"{self._describe()} released with no slot held")
-        self._active -= 1
+    def release(self, weight: int = 1, flow: Hashable = None) -> None:
+        """Give back `weight` held by `flow` (what it was acquired with): to the waiters if
+        any. ValueError if that flow holds less."""
+        if weight == 1 and flow is None:  # the default, kept as cheap as it always was
+            if self._active <= self._held_by_flows:
+                raise self._not_held(weight, flow)
+        else:
+            self._check_weight(weight, limit=False)
+            if self._held_by(flow) < weight:
+                raise self._not_held(weight, flow)
+            if flow is not None:
+                self._take(flow, -weight)
+        self._active -= weight
         if self._queue:
+            if self._flows:
+                self._flows.touched(flow)
             self._admit_waiters()
 
+    async def __aenter__(self) -> None:
+        # `acquire()` with the defaults, inline: the uncontended path takes no call at all.
+        if self._active < self._limit and not self._queue and not self._handed:
+            self._active += 1
+            return
+        admission = await wait_in_queue(self)
+        if admission != "admitted":
+            raise self._refused(admission)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
     def resize(self, limit: int) -> None:
-        """Set the number of slots: growing admits waiters at once in FIFO order; shrinking
-        never revokes a held slot (`active` may exceed `limit` until releases drain it)."""
+        """Set the capacity: growing admits waiters at once; shrinking never revokes held
+        weight (`active` may exceed `limit` until releases drain it)."""
         check_count(type(self).__name__, "value", limit)
         self._limit = limit
         self._admit_waiters()
 
     def _admit_waiters(self) -> None:
-        """Hand free slots to the longest waiters."""
+        """Hand free capacity to the next waiters: the longest waiting (one flow, weight 1),
+        else as flows.py chooses."""
+        if self._flows:
+            self._admit_fairly()
+            return
         queue = self._queue
         while queue and self._active < self._limit:
             waiter, _ = queue.popitem(last=False)
             if waiter.done():  # cancelled with its task, which counts it when it leaves
                 continue
             self._active += 1
-            self._handed.add(waiter)
+            self._handed[waiter] = None
             waiter.set_result("admitted")
 
-    def settle(self, waiter: asyncio.Future[Admission]) -> None:
-        """The task awaiting `waiter` resumed: a slot handed to it is its own from now on, and
-        waiters that queued behind the hand-over get the slots still free (as
+    def _admit_fairly(self) -> None:
+        while self._active < self._limit:
+            chosen = self._next or self._flows.choose()
+            if chosen is None:
+                return
+            if self._active + chosen.weight > self._limit:
+                self._next = chosen  # never passed: freed capacity is held for it
+                return
+            self._next = None
+            waiter, weight, flow = chosen.waiter, chosen.weight, chosen.flow
+            if waiter.done():  # cancelled with its task, which counts it when it leaves
+                self._unqueue(waiter)
+                continue
+            self._active += weight
+            if flow is not None:
+                self._take(flow, weight)
+            self._unqueue(waiter)  # its flow's next head is offered at the new held weight
+            self._handed[waiter] = (weight, flow)
+            waiter.set_result("admitted")
+
+    def settle(self, waiter: Waiter) -> None:
+        """The task awaiting `waiter` resumed: weight handed to it is its own from now on, and
+        waiters that queued behind the hand-over get the capacity still free (as
         asyncio.Semaphore's resumed task does). Called in that task, not as a loop callback."""
         handed = self._handed
         if handed:
-            handed.discard(waiter)
+            handed.pop(waiter, None)
             if self._queue:
                 self._admit_waiters()
+
+    def _give_back(self, waiter: Waiter) -> None:
+        ask = self._handed.pop(waiter, None)
+        if ask is None:
+            self.release()
+        else:
+            self.release(*ask)
+
+    # --- weight accounting -----------------------------------------------------------
+
+    def _take(self, flow: Hashable, weight: int) -> None:
+        """Count `weight` (negative: given back) as held by `flow` (not None)."""
+        held = self._held.get(flow, 0) + weight
+        if held:
+            self._held[flow] = held
+        else:
+            del self._held[flow]
+        self._held_by_flows += weight
+
+    def _check_weight(self, weight: int, *, limit: bool = True) -> None:
+        check_count(type(self).__name__, "weight", weight, minimum=1)
+        if limit and weight > self._limit and weight != 1:  # 1 waits on a limit of 0, as ever
+            raise ValueError(
+                f"{self._describe()}: weight {weight} is more than the limit {self._limit}; "
+                "it could never be admitted"
+            )
+
+    def _not_held(self, weight: int, flow: Hashable) -> ValueError:
+        held = self._held_by(flow)
+        if flow is None and weight == 1 and held <= 0:
+            return ValueError(f"{self._describe()} released with no slot held")
+        return ValueError(
+            f"{self._describe()} released weight {weight} for flow {flow!r}, which holds {held}"
+        )

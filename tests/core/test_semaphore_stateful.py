@@ -18,17 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from gym_concurrency import MeteredSemaphore, QueueFullError
-
-
-class ManualClockLoop(asyncio.SelectorEventLoop):
-    """An event loop whose time only moves when the test says so."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.now = 0.0
-
-    def time(self) -> float:
-        return self.now
+from tests.core.clock import ManualClockLoop
 
 
 class State(Enum):

@@ -20,7 +20,7 @@ import contextlib
 import itertools
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Final
 
 from .._base import LimitBase, check_count
@@ -245,6 +245,8 @@ class SharedLimit(AwayMixin, EndsMixin, LimitBase):
             admission_timeouts=self._timeouts,
             admission_cancelled=self._cancelled,
             admission_shed=self._shed,
+            queued_weight=len(self._waiters),
+            flows=int(bool(self._waiters)),
             admission_unavailable=self._unavailable,
             admission_lease_lost=self._sync.lease_lost,
             shared=GlobalStatistics(self.global_active, store.queued, self.connected),
@@ -271,15 +273,17 @@ class SharedLimit(AwayMixin, EndsMixin, LimitBase):
 
     # --- admission -------------------------------------------------------------------
 
-    def try_acquire(self) -> bool:
+    def try_acquire(self, weight: int = 1, flow: Hashable = None) -> bool:
         """Always False: a shared slot needs a round trip to Redis, so every admission goes
         through `enqueue()` (which never admits beyond the global limit)."""
+        self._counts_requests(weight, flow)
         return False
 
-    def enqueue(self) -> asyncio.Future[Admission]:
+    def enqueue(self, weight: int = 1, flow: Hashable = None) -> asyncio.Future[Admission]:
         """Join the global queue: the future ends "admitted" (the slot is held), "timeout",
         "shed" (the global queue was full) or "unavailable" (Redis could not be reached and
-        the mode is "refuse"). Never raises."""
+        the mode is "refuse"). ValueError for a weight or flow (not yet across processes)."""
+        self._counts_requests(weight, flow)
         loop = asyncio.get_running_loop() if self._closed else self._bind()
         future: asyncio.Future[Admission] = loop.create_future()
         if self._sync.refusing() or self._closed:
@@ -297,9 +301,17 @@ class SharedLimit(AwayMixin, EndsMixin, LimitBase):
         self._abandon(entry)
         return True
 
-    def release(self) -> None:
+    def _counts_requests(self, weight: int, flow: Hashable) -> None:
+        if weight != 1 or flow is not None:
+            raise ValueError(
+                f"{self._describe()}: a global limit counts requests, in one flow (weight 1, "
+                f"flow None); got weight={weight!r}, flow={flow!r}"
+            )
+
+    def release(self, weight: int = 1, flow: Hashable = None) -> None:
         """Give a slot of this process back (a fallback slot first, else one of its leases,
         which Redis hands to the longest waiter). Raises ValueError if none is held."""
+        self._counts_requests(weight, flow)
         if self._fallback is not None and self._fallback.release():
             lease = self._fallback_ids.pop()
         elif len(self._held) > len(self._fallback_ids):
