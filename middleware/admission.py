@@ -16,7 +16,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_concurrency import LimitConfigurationError
 
-from .body import QueuedBodies
+from .asks import RouteAsk
+from .body import QueuedBodies, QueuedRequest
 from .dependencies import check_operation_names
 from .limits import LIMITS_SCOPE_KEY, ConcurrencyLimits, LimitedRoute
 from .queue_wait import QueueWaitRecorder
@@ -117,6 +118,9 @@ class ConcurrencyLimitMiddleware:
         # An adaptive limit (or Retry-After auto) runs the app in its feedback, measured.
         feedback = route.feedback
         app = self.app if feedback is None else feedback
+        if route.ask is not None:  # weighed, or in a flow: read what it asks for first
+            await self._asking(app, route, route.ask, scope, receive, send)
+            return
         if not limit.try_acquire():
             waiter = limit.enqueue()
             result = waiter.result() if waiter.done() else None
@@ -132,6 +136,46 @@ class ConcurrencyLimitMiddleware:
             await app(scope, receive, send)
         finally:
             limit.release()
+
+    async def _asking(
+        self,
+        app: ASGIApp,
+        route: LimitedRoute,
+        ask: RouteAsk,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """Admit a request for the weight and flow it asks for (its body read ahead, bounded,
+        where they come from the body), as `__call__` does for weight 1 in the default flow."""
+        ahead = None
+        body = None
+        if ask.reads_body and scope["type"] == "http":
+            queued = self._queued
+            ahead = QueuedRequest(receive, queued.max_body_bytes, queued.bodies)
+            receive = ahead.receive  # the app still gets every byte, read ahead or not
+        try:
+            if ahead is not None:
+                body = await ahead.read_ahead()
+            weight, flow = ask(scope, body)
+            limit = route.limit
+            if limit.try_acquire(weight, flow):
+                try:
+                    self._record_no_wait(route, "admitted")
+                    await app(scope, receive, send)
+                finally:
+                    limit.release(weight, flow)
+                return
+            waiter = limit.enqueue(weight, flow)
+            result = waiter.result() if waiter.done() else None
+            if result is not None and result != "admitted" and scope["type"] == "http":
+                self._record_no_wait(route, result)
+                await self._queued.refuse_at_once(route, result, receive, send)
+            else:
+                await self._queued(app, route, waiter, scope, receive, send, (weight, flow))
+        finally:
+            if ahead is not None:
+                ahead.close()
 
     def _record_no_wait(self, route: LimitedRoute, outcome: str) -> None:
         histogram = self._recorder.histogram()

@@ -171,6 +171,14 @@ class QueuedRequest(_Queued):
             return None
         return bytes(self._body or b"")
 
+    async def read_ahead(self) -> bytes | None:
+        """Read the body before admission, within the same bounds as a queued one: `body()`
+        (None if a bound stopped the reading or the client left). Every byte read is handed
+        to the app by `receive()`, the rest of a body cut off by a bound after it."""
+        while not self.complete and not self.disconnected and self._may_read():
+            self._keep(await self._receive())
+        return self.body()
+
     async def read_body(self, seconds: float) -> bytes | None:
         """Read on until the body is complete, within `seconds`; `body()` then (None if the
         client left, a bound stopped the reading, or the time ran out). For a refusal only:

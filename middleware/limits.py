@@ -25,6 +25,7 @@ from gym_concurrency.limits.adaptive import AdaptiveLimiter, DrainRate
 from gym_concurrency.names import ADMISSION_OUTCOME_ATTRIBUTE, ADMISSION_OUTCOMES
 
 from .adaptive_route import RouteFeedback, controller_for
+from .asks import RouteAsk, route_ask
 from .clients import LimitedClient
 from .failures import RouteFailures
 from .settings import ClientLimit, ConcurrencySettings, OperationLimit, RouteLimit
@@ -60,6 +61,7 @@ class LimitedRoute:
     wait_attributes: dict[str, dict[str, str]]  # queue-wait attributes by admission outcome
     failures: RouteFailures
     feedback: RouteFeedback | None = None
+    ask: RouteAsk | None = None  # None: every request asks for weight 1 in the default flow
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +268,8 @@ class ConcurrencyLimits:
             close_connection=self.settings.close_connection_on_refusal,
             retry_after=retry_after,
         )
-        return LimitedRoute(config, plan.limit, by_outcome, failures, feedback)
+        ask = route_ask(config, plan.limit)
+        return LimitedRoute(config, plan.limit, by_outcome, failures, feedback, ask)
 
     def _route_plan(self, index: int, config: RouteLimit) -> LimitPlan:
         """The plan for a route limit_name: its limit (kept from `previous` if it had it),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Hashable
 from time import perf_counter
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -22,7 +23,10 @@ from .cascade import CascadeWarning
 from .limits import LimitedRoute
 from .queue_wait import QueueWaitRecorder
 
-__all__ = ["QueuedAdmission"]
+__all__ = ["DEFAULT_ASK", "QueuedAdmission"]
+
+Ask = tuple[int, Hashable]  # (weight, flow)
+DEFAULT_ASK: Ask = (1, None)
 
 _TRY_AGAIN_LATER = 1013  # websocket close code
 _WEBSOCKET_REASONS = {"timeout": "admission timed out", "shed": "admission queue full"}
@@ -58,9 +62,10 @@ class QueuedAdmission:
         scope: Scope,
         receive: Receive,
         send: Send,
+        ask: Ask = DEFAULT_ASK,
     ) -> None:
-        """Serve a connection queued on `route` as `waiter` (from `route.limit.enqueue()`):
-        admitted, `app` runs holding the slot."""
+        """Serve a connection queued on `route` as `waiter` (from `route.limit.enqueue()`, with
+        `ask`'s weight and flow): admitted, `app` runs holding what it asked for."""
         if scope["type"] == "http":
             queued: QueuedRequest | QueuedWebsocket = QueuedRequest(
                 receive, self.max_body_bytes, self.bodies
@@ -70,7 +75,7 @@ class QueuedAdmission:
         try:
             outcome = await self._wait(route, waiter, queued)
             if outcome == "admitted":
-                await self._run(app, route, scope, queued, send)
+                await self._run(app, route, scope, queued, send, ask)
             elif outcome == "cancelled":
                 return  # the client left: nothing is sent
             elif isinstance(queued, QueuedRequest):
@@ -130,11 +135,12 @@ class QueuedAdmission:
         scope: Scope,
         queued: QueuedRequest | QueuedWebsocket,
         send: Send,
+        ask: Ask,
     ) -> None:
         try:
             await app(scope, queued.receive, send)
         finally:
-            route.limit.release()
+            route.limit.release(*ask)
 
     async def _refuse(
         self, route: LimitedRoute, reason: Refusal, queued: QueuedRequest | None, send: Send

@@ -25,7 +25,7 @@ try:  # FastAPI 0.165 keeps included routers unflattened; this yields their effe
 except ImportError:  # pragma: no cover - an older FastAPI that flattens, or plain Starlette
     _iter_route_contexts = None
 
-__all__ = ["RouteTable", "UnknownRouteError", "describe_routes", "iter_routes"]
+__all__ = ["RouteTable", "UnknownRouteError", "describe_routes", "iter_routes", "routed_path"]
 
 T = TypeVar("T")
 _HTTP = frozenset({"http"})
@@ -127,7 +127,7 @@ class RouteTable(Generic[T]):
         cache = self._cache
         if key in cache:
             return cache[key]
-        route_path = _route_path(scope)
+        route_path = routed_path(scope)
         found = self._resolve(scope, route_path)
         if route_path in self._static_paths and (method is None or method in self._methods):
             if len(cache) >= _CACHE_SIZE:
@@ -137,7 +137,7 @@ class RouteTable(Generic[T]):
 
     def _resolve(self, scope: Scope, route_path: str | None = None) -> T | None:
         if route_path is None:
-            route_path = _route_path(scope)
+            route_path = routed_path(scope)
         assert self._candidates is not None
         if not self._candidates.match(route_path):
             return None  # no limited route can match: skip the walk
@@ -258,7 +258,7 @@ def _attach(entries: list[_Entry[T]], index: int, route_limit: RouteLimit, limit
             entry.by_method.setdefault("HEAD", limit)
 
 
-def _route_path(scope: Scope) -> str:
+def routed_path(scope: Scope) -> str:
     """The path the router matches: `path` without the `root_path` prefix (as Starlette)."""
     path: str = scope["path"]
     root_path = scope.get("root_path", "")

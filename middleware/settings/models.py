@@ -25,7 +25,9 @@ from gym_concurrency.clients import RetryPolicy
 from gym_concurrency.limits import LimitScope
 from gym_concurrency.limits.adaptive import Algorithm
 from gym_concurrency.names import EXECUTORS, OPERATIONS, check_member
+from gym_concurrency.tokens import DEFAULT_OUTPUT_TOKENS
 
+from .asks import FlowSource, WeightSource, check_ask
 from .environment import READ_ENVIRONMENT, EnvironmentSource, environment_values
 from .files import load_mapping
 from .numbers import NumbersAreNumbers, number
@@ -129,6 +131,10 @@ class RouteLimit(NumbersAreNumbers):
     # Slots this process admits on its own while Redis cannot be reached, with
     # redis_unavailable="local" (None: max_concurrent).
     local_max_concurrent: int | None = Field(default=None, ge=1)
+    # Where a request's flow and weight come from (docs/flows.md); None / 1: one flow, by count.
+    flow: FlowSource | None = None
+    weight: WeightSource = 1
+    default_output_tokens: int = Field(default=DEFAULT_OUTPUT_TOKENS, ge=1)
 
     @field_validator("retry_after_seconds", mode="before")
     @classmethod
@@ -141,6 +147,7 @@ class RouteLimit(NumbersAreNumbers):
     @model_validator(mode="after")
     def _starts_within_its_adaptive_bounds(self) -> Self:
         _check_adaptive_start(self.adaptive, self.max_concurrent)
+        check_ask(self.path, self.flow, self.weight, self.max_concurrent, self.scope)
         return self
 
     @field_validator("path")

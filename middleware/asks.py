@@ -1,0 +1,178 @@
+"""What a request asks of its route's limit: its weight and its flow, read from the request as
+`RouteLimit.weight` and `RouteLimit.flow` say.
+
+Flows: `header:<name>`, `query:<name>`, `path:<param>`, `json:<dotted.path>` or `client` (the
+client's address); a missing value is the default flow (None). Weights: an int, `json:<dotted.
+path>` (a number in the body) or `openai_tokens` (gym_concurrency.tokens); a missing or bad
+value is weight 1 (for `openai_tokens`, the default output alone). A weight over the limit is
+capped at it and counted: no request can ask for more than the limit could ever give.
+Flow values are client-controlled: cut to `MAX_FLOW_CHARACTERS`, so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections.abc import Callable, Hashable
+from urllib.parse import parse_qsl
+
+from starlette.routing import compile_path
+from starlette.types import Scope
+
+from gym_concurrency.limits import Limit
+from gym_concurrency.tokens import openai_tokens
+
+from .routing import routed_path
+from .settings import RouteLimit
+
+__all__ = ["MAX_FLOW_CHARACTERS", "RouteAsk", "route_ask"]
+
+_log = logging.getLogger("gym_concurrency.middleware")
+
+MAX_FLOW_CHARACTERS = 128
+_MISSING = object()
+
+Body = object  # the parsed JSON body, or _MISSING when it was not read or is not JSON
+FlowOf = Callable[[Scope, Body], Hashable]
+WeightOf = Callable[[Scope, Body], int]
+
+
+class RouteAsk:
+    """Reads one route's (weight, flow) from a request; `reads_body` says whether it needs
+    the request's body (read, bounded, before admission)."""
+
+    __slots__ = ("_flow_of", "_limit", "_name", "_weight_of", "capped", "reads_body")
+
+    def __init__(self, config: RouteLimit, limit: Limit) -> None:
+        self._name = config.limit_name
+        self._limit = limit
+        self._flow_of = _flow_reader(config)
+        self._weight_of = _weight_reader(config)
+        self.reads_body = _reads_body(config.flow) or _reads_body(config.weight)
+        self.capped = 0  # requests whose weight was more than the limit
+
+    def __call__(self, scope: Scope, body: bytes | None) -> tuple[int, Hashable]:
+        """(weight, flow) of the request with `scope` and (if `reads_body`) `body`."""
+        parsed = _parse(body) if self.reads_body else _MISSING
+        weight = self._weight_of(scope, parsed)
+        ceiling = max(1, self._limit.limit)
+        if weight > ceiling:
+            if not self.capped:
+                _log.warning(
+                    "gym_concurrency: limit %r: a request asked for weight %d, more than the "
+                    "limit %d; capped at the limit (counted, and logged only this once)",
+                    self._name,
+                    weight,
+                    ceiling,
+                )
+            self.capped += 1
+            weight = ceiling
+        return weight, self._flow_of(scope, parsed)
+
+
+def route_ask(config: RouteLimit, limit: Limit) -> RouteAsk | None:
+    """The route's ask, or None when every request asks for weight 1 in the default flow."""
+    if config.flow is None and config.weight == 1:
+        return None
+    return RouteAsk(config, limit)
+
+
+def _reads_body(source: object) -> bool:
+    return source == "openai_tokens" or (isinstance(source, str) and source.startswith("json:"))
+
+
+def _parse(body: bytes | None) -> Body:
+    if body is None:
+        return _MISSING
+    try:
+        return json.loads(body)
+    except ValueError:  # not JSON (or not UTF-8): as if missing
+        return _MISSING
+
+
+def _flow_reader(config: RouteLimit) -> FlowOf:
+    source = config.flow
+    if source is None:
+        return lambda scope, body: None
+    if source == "client":
+        return lambda scope, body: _flow((scope.get("client") or (None,))[0])
+    kind, _, name = source.partition(":")
+    if kind == "header":
+        key = name.lower().encode("latin-1")
+        return lambda scope, body: _flow(_header(scope, key))
+    if kind == "query":
+        return lambda scope, body: _flow(_query(scope, name))
+    if kind == "path":
+        regex = compile_path(config.path)[0]
+        return lambda scope, body: _flow(_path_param(scope, regex, name))
+    keys = name.split(".")
+    return lambda scope, body: _flow(_dotted(body, keys))
+
+
+def _weight_reader(config: RouteLimit) -> WeightOf:
+    source = config.weight
+    if isinstance(source, int):
+        return lambda scope, body: source
+    if source == "openai_tokens":
+        output = config.default_output_tokens
+        return lambda scope, body: openai_tokens(
+            None if body is _MISSING else body, default_output_tokens=output
+        )
+    keys = source.removeprefix("json:").split(".")
+    return lambda scope, body: _count(_dotted(body, keys))
+
+
+def _flow(value: object) -> Hashable:
+    """A flow from a value read off the request: text (cut to MAX_FLOW_CHARACTERS), else the
+    default flow."""
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value:
+        return None
+    return value[:MAX_FLOW_CHARACTERS]
+
+
+def _count(value: object) -> int:
+    """A weight from a number in the body (rounded up); 1 if it is not a positive number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 1
+    if not math.isfinite(value) or value < 1:
+        return 1
+    return math.ceil(value)
+
+
+def _header(scope: Scope, key: bytes) -> bytes | None:
+    for name, value in scope.get("headers") or ():
+        if name == key:
+            return bytes(value)
+    return None
+
+
+def _query(scope: Scope, name: str) -> str | None:
+    query: bytes = scope.get("query_string") or b""
+    for key, value in parse_qsl(query.decode("latin-1"), keep_blank_values=False):
+        if key == name:
+            return value
+    return None
+
+
+def _path_param(scope: Scope, regex: re.Pattern[str], name: str) -> str | None:
+    match = regex.match(routed_path(scope))
+    return None if match is None else str(match.group(name))
+
+
+def _dotted(body: Body, keys: list[str]) -> object:
+    """The value at `keys` in the parsed body (list items by index), or None."""
+    value: object = body
+    for key in keys:
+        if isinstance(value, dict):
+            value = value.get(key)
+        elif isinstance(value, list) and key.isdigit() and int(key) < len(value):
+            value = value[int(key)]
+        else:
+            return None
+    return value

@@ -1,0 +1,235 @@
+"""Flows and weights through the middleware, over a real uvicorn: where a request's flow and
+weight come from, that a quiet flow goes ahead of a flood, that a weighed request holds its
+weight, that bodies read ahead still reach the app whole, and strict settings."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencySettings, RouteLimit
+from pydantic import ValidationError
+from servers import UvicornServer, eventually
+
+from tests.registry import limits_of
+
+
+class Held:
+    """Requests held inside the app until released by id; the order they got in."""
+
+    def __init__(self) -> None:
+        self.order: list[str] = []
+        self.released: set[str] = set()
+
+    def release(self, *ids: str) -> None:
+        self.released.update(ids)
+
+
+def served_app(component: str, held: Held, **route: Any) -> FastAPI:
+    settings_fields = {k: route.pop(k) for k in list(route) if k.startswith("max_queued")}
+    route = {"limit_name": "work", "max_concurrent": 2, "path": "/work/{env}", **route}
+    settings = ConcurrencySettings(
+        component=component, routes=[RouteLimit(**route)], **settings_fields
+    )
+    app = FastAPI()
+
+    @app.post("/work/{env}")
+    async def work(env: str, request: Request, id: str) -> dict[str, Any]:
+        body = await request.body()
+        held.order.append(id)
+        while id not in held.released:  # noqa: ASYNC110 - released from the test's loop
+            await asyncio.sleep(0.002)
+        return {"id": id, "bytes": len(body)}
+
+    app.add_middleware(ConcurrencyLimitMiddleware, settings=settings)
+    return app
+
+
+async def post(client: httpx.AsyncClient, id: str, **kwargs: Any) -> httpx.Response:
+    env = kwargs.pop("env", "e1")
+    return await client.post(
+        f"/work/{env}", params={"id": id, **kwargs.pop("params", {})}, **kwargs
+    )
+
+
+async def test_a_quiet_flow_goes_ahead_of_a_flood(component: str) -> None:
+    held = Held()
+    with UvicornServer(served_app(component, held, flow="header:x-flow")) as server:
+        limit = limits_of(component)["work"]
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            flood = [
+                asyncio.create_task(post(client, f"f{i}", headers={"x-flow": "flood"}))
+                for i in range(8)
+            ]
+            await eventually(lambda: limit.queue_depth == 6, "the flood to queue")
+            quiet = asyncio.create_task(post(client, "q", headers={"x-flow": "quiet"}))
+            await eventually(lambda: limit.queue_depth == 7, "the quiet request to queue")
+            assert {s.flow: s.held for s in limit.flow_statistics()} == {"flood": 2, "quiet": 0}
+            held.release(held.order[0])
+            await eventually(lambda: len(held.order) == 3, "the next admission")
+            assert held.order[2] == "q"  # six of the flood came first, yet it goes next
+            held.release(*(["q"] + [f"f{i}" for i in range(8)]))
+            responses = await asyncio.gather(quiet, *flood)
+    assert [r.status_code for r in responses] == [200] * 9
+    assert (limit.active, limit.queue_depth, limit.flow_statistics()) == (0, 0, [])
+
+
+@pytest.mark.parametrize(
+    ("flow", "request_kwargs", "expected"),
+    [
+        ("header:X-Tenant", {"headers": {"x-tenant": "acme"}}, "acme"),
+        ("query:taskset", {"params": {"taskset": "math"}}, "math"),
+        ("path:env", {"env": "sokoban"}, "sokoban"),
+        ("json:meta.tenant", {"json": {"meta": {"tenant": "t7"}}}, "t7"),
+        ("client", {}, "127.0.0.1"),
+        ("header:x-tenant", {}, None),  # missing: the default flow
+        ("json:meta.tenant", {"content": b"not json"}, None),
+        ("header:x-tenant", {"headers": {"x-tenant": "x" * 500}}, "x" * 128),  # cut
+    ],
+)
+async def test_where_a_flow_comes_from(component: str, flow, request_kwargs, expected) -> None:  # type: ignore[no-untyped-def]
+    held = Held()
+    with UvicornServer(served_app(component, held, flow=flow)) as server:
+        limit = limits_of(component)["work"]
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            response = asyncio.create_task(post(client, "r", **request_kwargs))
+            await eventually(lambda: held.order == ["r"], "the request to get in")
+            assert [(s.flow, s.held) for s in limit.flow_statistics()] == [(expected, 1)]
+            held.release("r")
+            assert (await response).status_code == 200
+
+
+def chat(prompt_characters: int, max_tokens: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"messages": [{"role": "u", "content": "x" * prompt_characters}]}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    return body
+
+
+async def test_openai_tokens_weigh_a_request_by_its_body(component: str) -> None:
+    held = Held()
+    app = served_app(
+        component, held, max_concurrent=1000, weight="openai_tokens", default_output_tokens=300
+    )
+    with UvicornServer(app) as server:
+        limit = limits_of(component)["work"]
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            big = asyncio.create_task(post(client, "big", json=chat(1596, 200)))  # 400 + 200
+            await eventually(lambda: held.order == ["big"], "the first call to get in")
+            assert limit.active == 600
+            # No max_tokens: the default output; 500 more would not fit in 1000.
+            second = asyncio.create_task(post(client, "second", json=chat(796, None)))
+            await eventually(lambda: limit.queue_depth == 1, "the second call to wait")
+            assert limit.statistics().queued_weight == 500
+            small = asyncio.create_task(post(client, "small", json=chat(4, 10)))
+            await eventually(lambda: limit.queue_depth == 2, "the small call to wait behind it")
+            held.release("big")
+            await eventually(lambda: held.order == ["big", "second", "small"], "both to get in")
+            assert limit.active == 512  # 500 + 12 (the role's character counts too)
+            held.release("second", "small")
+            responses = await asyncio.gather(big, second, small)
+    assert [r.json()["bytes"] for r in responses] == [len(r.request.content) for r in responses]
+    assert (limit.active, limit.flow_statistics()) == (0, [])
+
+
+async def test_a_weight_over_the_limit_is_capped_and_counted(
+    component: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    held = Held()
+    app = served_app(component, held, max_concurrent=100, weight="json:cost")
+    with UvicornServer(app) as server:
+        limit = limits_of(component)["work"]
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            with caplog.at_level(logging.WARNING, "gym_concurrency.middleware"):
+                response = asyncio.create_task(post(client, "huge", json={"cost": 10**9}))
+                await eventually(lambda: held.order == ["huge"], "the request to get in")
+            assert limit.active == 100
+            held.release("huge")
+            assert (await response).status_code == 200
+            for cost, expected in (("7", 1), (-3, 1), (2.2, 3), (None, 1), (True, 1)):
+                response = asyncio.create_task(post(client, str(cost), json={"cost": cost}))
+                await eventually(lambda c=cost: str(c) in held.order, "the request to get in")
+                assert limit.active == expected, cost
+                held.release(str(cost))
+                await response
+    assert "asked for weight 1000000000, more than the limit 100" in caplog.text
+
+
+async def test_a_body_beyond_the_read_ahead_bound_takes_the_default_and_arrives_whole(
+    component: str,
+) -> None:
+    held = Held()
+    app = served_app(
+        component, held, max_concurrent=50, weight="json:cost", max_queued_body_bytes=64
+    )
+    body = json.dumps({"cost": 40, "padding": "p" * 5000}).encode()
+    with UvicornServer(app) as server:
+        limit = limits_of(component)["work"]
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            response = asyncio.create_task(post(client, "long", content=body))
+            await eventually(lambda: held.order == ["long"], "the request to get in")
+            assert limit.active == 1  # the body was not read in full: the default weight
+            held.release("long")
+            assert (await response).json()["bytes"] == len(body)
+
+
+async def test_a_client_that_leaves_while_queued_gives_back_its_weight(component: str) -> None:
+    held = Held()
+    app = served_app(component, held, max_concurrent=10, weight="json:cost", flow="json:who")
+    with UvicornServer(app) as server:
+        limit = limits_of(component)["work"]
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            first = asyncio.create_task(post(client, "a", json={"cost": 8, "who": "a"}))
+            await eventually(lambda: held.order == ["a"], "the first to get in")
+            leaving = asyncio.create_task(post(client, "b", json={"cost": 5, "who": "b"}))
+            await eventually(lambda: limit.queue_depth == 1, "the second to wait")
+            leaving.cancel()
+            await eventually(lambda: limit.queue_depth == 0, "the second to leave")
+            held.release("a")
+            await first
+    await eventually(lambda: limit.flow_statistics() == [], "every flow to be idle")
+    assert (limit.active, limit.admission_cancelled) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("route", "message"),
+    [
+        ({"flow": "cookie:x"}, "must be 'header:<name>'"),
+        ({"flow": "header:bad header"}, "is not an HTTP header name"),
+        ({"flow": "json:a..b"}, "is not a dotted path"),
+        ({"flow": "path:nope"}, "has no such parameter (it has: env)"),
+        ({"weight": 0}, "must be an int >= 1"),
+        ({"weight": "tokens"}, "'json:<dotted.path>' or 'openai_tokens', got 'tokens'"),
+        ({"weight": "json:"}, "must be an int >= 1, 'json:<dotted.path>' or 'openai_tokens'"),
+        ({"weight": 9}, "weight 9 is more than max_concurrent 2"),
+        ({"weight": True}, "must be a number, got the boolean true"),
+        ({"default_output_tokens": 0}, "greater than or equal to 1"),
+        ({"flow": "client", "scope": "global"}, "a global limit counts requests in one flow"),
+    ],
+)
+def test_bad_flow_and_weight_settings_name_what_was_wrong(route, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValidationError) as error:
+        RouteLimit(path="/work/{env}", limit_name="work", max_concurrent=2, **route)
+    assert message in str(error.value)
+
+
+def test_flow_and_weight_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GYM_CONCURRENCY_ROUTES__0__PATH", "/judge")
+    monkeypatch.setenv("GYM_CONCURRENCY_ROUTES__0__LIMIT_NAME", "judge")
+    monkeypatch.setenv("GYM_CONCURRENCY_ROUTES__0__MAX_CONCURRENT", "64000")
+    monkeypatch.setenv("GYM_CONCURRENCY_ROUTES__0__FLOW", "header:x-env")
+    monkeypatch.setenv("GYM_CONCURRENCY_ROUTES__0__WEIGHT", "openai_tokens")
+    monkeypatch.setenv("GYM_CONCURRENCY_ROUTES__0__DEFAULT_OUTPUT_TOKENS", "2048")
+    route = ConcurrencySettings().routes[0]
+    assert (route.flow, route.weight, route.default_output_tokens) == (
+        "header:x-env",
+        "openai_tokens",
+        2048,
+    )
+    monkeypatch.setenv("GYM_CONCURRENCY_ROUTES__0__WEIGHT", "16")
+    assert ConcurrencySettings().routes[0].weight == 16
