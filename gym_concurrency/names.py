@@ -18,6 +18,13 @@ ADMISSION_UNAVAILABLE_INSTRUMENT: Final = "gym.concurrency.admission_unavailable
 # Global limits only: leases a process could not renew within the lease (its store was away);
 # their work ran on while the store may have granted their slots again.
 ADMISSION_LEASE_LOST_INSTRUMENT: Final = "gym.concurrency.admission_lease_lost_total"
+# The weight the waiters of a limit ask for (queue_depth counts the waiters).
+QUEUED_WEIGHT_INSTRUMENT: Final = "gym.concurrency.queued_weight"
+# Per flow of a limit, bounded: the busiest flows by held + queued weight under their own
+# FLOW_ATTRIBUTE, the rest summed as OTHER_FLOWS (see observer.set_flow_series_per_limit).
+FLOW_HELD_INSTRUMENT: Final = "gym.concurrency.flow.held"
+FLOW_QUEUE_DEPTH_INSTRUMENT: Final = "gym.concurrency.flow.queue_depth"
+FLOW_QUEUED_WEIGHT_INSTRUMENT: Final = "gym.concurrency.flow.queued_weight"
 # Recorded by the middleware for every admission attempt on a limited route.
 QUEUE_WAIT_INSTRUMENT: Final = "gym.concurrency.queue_wait_duration_ms"
 
@@ -28,6 +35,13 @@ SERVER_ATTRIBUTE: Final = "nemo.gym.server.name"
 SCOPE_ATTRIBUTE: Final = "nemo.gym.concurrency.scope"
 GLOBAL_SCOPE: Final = "global"
 ADMISSION_OUTCOME_ATTRIBUTE: Final = "nemo.gym.concurrency.admission_outcome"
+# The flow instruments' own attribute: the flow as a string, at most FLOW_LABEL_MAX_CHARS long;
+# DEFAULT_FLOW for the default flow (None), OTHER_FLOWS for the flows beyond the busiest.
+FLOW_ATTRIBUTE: Final = "nemo.gym.concurrency.flow"
+DEFAULT_FLOW: Final = "default"
+OTHER_FLOWS: Final = "other"
+FLOW_LABEL_MAX_CHARS: Final = 64
+DEFAULT_FLOW_SERIES_PER_LIMIT: Final = 5
 
 ADMISSION_OUTCOMES: Final = frozenset({"admitted", "timeout", "cancelled", "shed"})
 
@@ -77,7 +91,8 @@ BACKOFF_SOURCES: Final = frozenset({"retry_after", "backoff"})
 
 METER_NAME: Final = "gym_concurrency"
 
-SLOT_UNIT: Final = "{slot}"
+SLOT_UNIT: Final = "{slot}"  # one unit of weight (a request of weight 1 holds one slot)
+WEIGHT_UNIT: Final = "{weight}"
 REQUEST_UNIT: Final = "{request}"
 OPERATION_UNIT: Final = "{operation}"
 RETRY_UNIT: Final = "{retry}"

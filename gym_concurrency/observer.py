@@ -7,14 +7,22 @@ plain numbers kept in process). The global MeterProvider observes every named li
 call at all (through the API's proxy, also when the SDK provider is set later);
 `observe_concurrency(provider)` adds another provider. Global limits carry the scope attribute
 and report `admission_unavailable_total`; process limits carry no scope attribute.
+
+Per flow, cardinality is bounded: each limit reports its busiest flows (by held + queued
+weight, at most `set_flow_series_per_limit(n)` of them, default 5) under the flow attribute,
+the rest summed as flow "other", and only flows that hold weight or wait now: an idle limit
+reports no flow series, one used with the default flow only one ("default").
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any, NamedTuple
 
 from opentelemetry import metrics
@@ -22,11 +30,12 @@ from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observa
 
 from . import names
 from .attributes import limit_attributes
-from .limits import Limit, registered_limits
+from .busiest_flows import FlowRow, busiest_flows
+from .limits import FlowStatistics, Limit, registered_limits
 from .limits.registry import watch
 from .meters import SCOPE_VERSION, meter_for
 
-__all__ = ["observe_concurrency"]
+__all__ = ["observe_concurrency", "set_flow_series_per_limit"]
 
 _log = logging.getLogger(__name__)
 
@@ -36,6 +45,7 @@ _Reading = Callable[[Limit], "int | None"]
 _ATTRIBUTES: dict[_AttributeKey, dict[str, str]] = {}
 
 _lock = threading.Lock()
+_flow_series_per_limit: int = names.DEFAULT_FLOW_SERIES_PER_LIMIT
 _global_instruments: list[Any] | None = None
 _provider_instruments: weakref.WeakKeyDictionary[MeterProvider, list[Any]] = (
     weakref.WeakKeyDictionary()
@@ -66,6 +76,18 @@ def _observe_global(_limit: Limit | None = None) -> None:
 
 # The global provider observes every named limit from the first one made, with no call.
 watch(_observe_global)
+
+
+def set_flow_series_per_limit(n: int) -> None:
+    """Report each limit's `n` busiest flows by name (by held + queued weight) and the rest
+    summed as flow "other": at most n + 1 series per limit and flow instrument; 0 reports no
+    flow series. Process-wide, for every provider, from the next export. Default 5."""
+    global _flow_series_per_limit
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"flow series per limit must be an int, got {n!r}")
+    if n < 0:
+        raise ValueError(f"flow series per limit must be >= 0 (0: no flow series), got {n}")
+    _flow_series_per_limit = n
 
 
 def _attribute_key(limit: Limit) -> _AttributeKey:
@@ -113,6 +135,13 @@ _INSTRUMENTS = (
         read=lambda s: s.queue_depth,
         unit=names.REQUEST_UNIT,
         description="Tasks waiting for a slot of a concurrency limit now.",
+    ),
+    _Instrument(
+        names.QUEUED_WEIGHT_INSTRUMENT,
+        monotonic=False,
+        read=lambda s: s.statistics().queued_weight,
+        unit=names.WEIGHT_UNIT,
+        description="Weight the tasks waiting for a concurrency limit ask for now.",
     ),
     _Instrument(
         names.ADMISSION_TIMEOUTS_INSTRUMENT,
@@ -163,32 +192,72 @@ _INSTRUMENTS = (
 )
 
 
+class _FlowInstrument(NamedTuple):
+    """An observable up-down counter with a point per reported flow of each limit."""
+
+    name: str
+    read: Callable[[FlowRow], int]
+    unit: str
+    description: str
+
+
+_FLOW_INSTRUMENTS = (
+    _FlowInstrument(
+        names.FLOW_HELD_INSTRUMENT,
+        read=lambda f: f.held,
+        unit=names.WEIGHT_UNIT,
+        description="Weight of a concurrency limit a flow holds now (busiest flows; the rest "
+        'as flow "other").',
+    ),
+    _FlowInstrument(
+        names.FLOW_QUEUE_DEPTH_INSTRUMENT,
+        read=lambda f: f.queue_depth,
+        unit=names.REQUEST_UNIT,
+        description="Tasks of a flow waiting for a concurrency limit now.",
+    ),
+    _FlowInstrument(
+        names.FLOW_QUEUED_WEIGHT_INSTRUMENT,
+        read=lambda f: f.queued_weight,
+        unit=names.WEIGHT_UNIT,
+        description="Weight the waiting tasks of a flow ask of a concurrency limit now.",
+    ),
+)
+
+
 def _create_instruments(meter: Meter) -> list[Any]:
+    readings = _FlowReadings()  # one per provider: its flow instruments share each reading
     made = []
-    for spec in _INSTRUMENTS:
+    for spec in (*_INSTRUMENTS, *_FLOW_INSTRUMENTS):
+        if isinstance(spec, _FlowInstrument):
+            observations = partial(readings.observations, spec)
+        else:
+            observations = partial(_observations, spec)
         create = (
             meter.create_observable_counter
-            if spec.monotonic
+            if isinstance(spec, _Instrument) and spec.monotonic
             else meter.create_observable_up_down_counter
         )
-        callbacks = [_callback(spec)]
+        callbacks = [_guarded(spec.name, observations)]
         made.append(create(spec.name, callbacks, unit=spec.unit, description=spec.description))
     return made
 
 
-def _callback(spec: _Instrument) -> Callable[[CallbackOptions], Iterable[Observation]]:
+def _guarded(
+    name: str, observations: Callable[[], list[Observation]]
+) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    """A callback reporting `observations()`, or nothing (logged) if reading fails."""
     failed_before = False  # log the first failure with its traceback, later ones at debug
 
     def observe(options: CallbackOptions) -> Iterable[Observation]:
         nonlocal failed_before
         try:
-            return _observations(spec)
+            return observations()
         except Exception:  # an exception must never reach the SDK's collection
             if failed_before:
-                _log.debug("gym_concurrency: observing %s failed again", spec.name)
+                _log.debug("gym_concurrency: observing %s failed again", name)
             else:
                 failed_before = True
-                _log.exception("gym_concurrency: observing %s failed; reporting nothing", spec.name)
+                _log.exception("gym_concurrency: observing %s failed; reporting nothing", name)
             return []
 
     return observe
@@ -205,3 +274,71 @@ def _observations(spec: _Instrument) -> list[Observation]:
             key = _attribute_key(limit)
             totals[key] = totals.get(key, 0) + value
     return [Observation(value, _ATTRIBUTES[key]) for key, value in totals.items()]
+
+
+_FLOW_READING_SECONDS = 1.0  # one export reads its flow instruments well within this
+
+
+class _FlowReadings:
+    """Every limit's reported flows, read once and shared by one provider's flow instruments:
+    each instrument takes a reading once; one taking it again (the next export) or later than
+    _FLOW_READING_SECONDS reads anew. The flow series of one export thus agree (the same
+    flows named, the same rest) and the limits are read once, not once per instrument."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rows: dict[_AttributeKey, list[FlowRow]] = {}
+        self._taken: set[str] = set()
+        self._read_at = -math.inf  # nothing read yet
+
+    def observations(self, spec: _FlowInstrument) -> list[Observation]:
+        """One point per reported flow of each attribute set, the flow as FLOW_ATTRIBUTE."""
+        found = []
+        for key, rows in self._take(spec.name).items():
+            totals: dict[str, int] = {}  # a flow named "other" and the rest are one series
+            for row in rows:
+                totals[row.flow] = totals.get(row.flow, 0) + spec.read(row)
+            attributes = _ATTRIBUTES[key]
+            found += [
+                Observation(value, {**attributes, names.FLOW_ATTRIBUTE: flow})
+                for flow, value in totals.items()
+            ]
+        return found
+
+    def _take(self, name: str) -> dict[_AttributeKey, list[FlowRow]]:
+        with self._lock:
+            now = time.monotonic()
+            if name in self._taken or now - self._read_at > _FLOW_READING_SECONDS:
+                self._rows = _read_flows(_flow_series_per_limit)
+                self._taken.clear()
+                self._read_at = now
+            self._taken.add(name)
+            return self._rows
+
+
+def _read_flows(top: int) -> dict[_AttributeKey, list[FlowRow]]:
+    """Per attribute set with a flow holding or waiting: its limits' flows merged, the `top`
+    busiest by name and the rest as "other". Nothing at all when `top` is 0."""
+    if top == 0:
+        return {}
+    flows: dict[_AttributeKey, list[FlowStatistics]] = {}
+    for limit in registered_limits():
+        found = _flows_of(limit)
+        if found:
+            flows.setdefault(_attribute_key(limit), []).extend(found)
+    reported = {}
+    for key, merged in flows.items():
+        busiest = busiest_flows(merged, top)
+        reported[key] = busiest.top if busiest.rest is None else [*busiest.top, busiest.rest]
+    return reported
+
+
+def _flows_of(limit: Limit) -> list[FlowStatistics]:
+    """`limit.flow_statistics()`, read again (up to twice) if the event loop's thread changed
+    the limit's flows while this, the exporter's thread, went through them."""
+    for _ in range(2):
+        try:
+            return limit.flow_statistics()
+        except RuntimeError:  # "dictionary changed size during iteration"
+            continue
+    return limit.flow_statistics()

@@ -18,7 +18,12 @@ from typing import Literal
 from opentelemetry.metrics import MeterProvider
 from pydantic import BaseModel
 
-from gym_concurrency import MeteredSemaphore, SharedLimit, observe_concurrency
+from gym_concurrency import (
+    MeteredSemaphore,
+    SharedLimit,
+    observe_concurrency,
+    set_flow_series_per_limit,
+)
 from gym_concurrency.attributes import limit_attributes
 from gym_concurrency.limits import Limit
 from gym_concurrency.limits.adaptive import AdaptiveLimiter, DrainRate
@@ -190,6 +195,7 @@ class ConcurrencyLimits:
 
     def apply(self) -> list[str]:
         """Make the running limits what these settings say; what changed, one line each."""
+        set_flow_series_per_limit(self.settings.flow_series_per_limit)  # process-wide
         plans = [*self._route_plans.values(), *self._operation_plans, *self._client_plans]
         changes = [line for plan in plans for line in plan.apply()]
         previous, self._previous = self._previous, None

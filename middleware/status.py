@@ -2,7 +2,8 @@
 
 Mount it in an app (`app.add_route("/concurrency", ConcurrencyStatusView())` or `app.mount`).
 `?format=json` or a client that does not accept HTML gets the JSON snapshot; a browser gets
-a page with a bar per limit that re-reads the snapshot every `refresh_seconds`.
+a page with a bar per limit that re-reads the snapshot every `refresh_seconds`. Each limit
+lists its busiest flows (held and queued weight, waiters), the rest summed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from starlette.datastructures import Headers, QueryParams
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from gym_concurrency.limits import Limit, registered_limits
+from gym_concurrency.busiest_flows import busiest_flows
+from gym_concurrency.limits import FlowStatistics, Limit, registered_limits
 from gym_concurrency.limits.adaptive import limiter_of
 from gym_concurrency.operations import operation_counts
 
@@ -28,19 +30,23 @@ _log = logging.getLogger(__name__)
 _LimitKey = tuple[str, str, str | None]
 _MIN_REFRESH_SECONDS = 0.2
 _MAX_REFRESH_SECONDS = 3600.0
+_FLOWS_PER_LIMIT = 5
 
 
-def status_snapshot() -> dict[str, Any]:
-    """Every named limit alive now (summed per component, limit name and server), and the
-    operations running or waiting per operation and executor."""
-    return {"limits": _limit_rows(), "operations": _operation_rows()}
+def status_snapshot(flows_per_limit: int = _FLOWS_PER_LIMIT) -> dict[str, Any]:
+    """Every named limit alive now (summed per component, limit name and server) with its
+    `flows_per_limit` busiest flows, and the operations running or waiting per operation and
+    executor."""
+    return {"limits": _limit_rows(flows_per_limit), "operations": _operation_rows()}
 
 
-def _limit_rows() -> list[dict[str, Any]]:
+def _limit_rows(flows_per_limit: int) -> list[dict[str, Any]]:
     rows: dict[_LimitKey, dict[str, Any]] = {}
+    flows: dict[_LimitKey, list[FlowStatistics]] = {}
     for limit in registered_limits():
         try:
             reading = _reading(limit)
+            found = limit.flow_statistics()
         except Exception:  # one limit that cannot be read must not take the view down
             _log_unreadable(limit)
             continue
@@ -48,13 +54,52 @@ def _limit_rows() -> list[dict[str, Any]]:
         row = rows.get(key)
         if row is None:
             rows[key] = reading
+            flows[key] = list(found)
         elif reading.get("scope") != "global":  # same attributes: one limit, as in the metrics
             for field in _SUMMED:
                 row[field] += reading[field]
+            flows[key] += found
+    for key, row in rows.items():
+        row.update(_flow_fields(flows[key], flows_per_limit))
     return list(rows.values())
 
 
-_SUMMED = ("limit", "active", "available", "queue_depth", "timeouts", "cancelled", "shed")
+_SUMMED = (
+    "limit",
+    "active",
+    "available",
+    "queue_depth",
+    "queued_weight",
+    "timeouts",
+    "cancelled",
+    "shed",
+)
+
+
+def _flow_fields(flows: list[FlowStatistics], top: int) -> dict[str, Any]:
+    """`flows`: the `top` busiest flows by held + queued weight (labels cut to 64 characters,
+    the default flow as "default"); `other_flows`: the rest summed, with their number."""
+    busiest = busiest_flows(flows, top)
+    rest = busiest.rest
+    return {
+        "flows": [
+            {
+                "flow": row.flow,
+                "held": row.held,
+                "queue_depth": row.queue_depth,
+                "queued_weight": row.queued_weight,
+            }
+            for row in busiest.top
+        ],
+        "other_flows": None
+        if rest is None
+        else {
+            "flows": busiest.rest_flows,
+            "held": rest.held,
+            "queue_depth": rest.queue_depth,
+            "queued_weight": rest.queued_weight,
+        },
+    }
 
 
 def _reading(limit: Limit) -> dict[str, Any]:
@@ -68,6 +113,7 @@ def _reading(limit: Limit) -> dict[str, Any]:
         "active": stats.active,
         "available": stats.available,
         "queue_depth": stats.queue_depth,
+        "queued_weight": stats.queued_weight,
         "timeouts": stats.admission_timeouts,
         "cancelled": stats.admission_cancelled,
         "shed": stats.admission_shed,
@@ -117,13 +163,26 @@ def _operation_rows() -> list[dict[str, Any]]:
 class ConcurrencyStatusView:
     """ASGI endpoint: GET/HEAD answers with the status snapshot (JSON) or page (HTML)."""
 
-    def __init__(self, *, refresh_seconds: float = 1.0, title: str = "Concurrency limits") -> None:
+    def __init__(
+        self,
+        *,
+        refresh_seconds: float = 1.0,
+        title: str = "Concurrency limits",
+        flows_per_limit: int = _FLOWS_PER_LIMIT,
+    ) -> None:
         if not (_MIN_REFRESH_SECONDS <= refresh_seconds <= _MAX_REFRESH_SECONDS):
             raise ValueError(
                 f"refresh_seconds must be between {_MIN_REFRESH_SECONDS} and "
                 f"{_MAX_REFRESH_SECONDS}, got {refresh_seconds!r}"
             )
+        if isinstance(flows_per_limit, bool) or not isinstance(flows_per_limit, int):
+            raise TypeError(f"flows_per_limit must be an int, got {flows_per_limit!r}")
+        if flows_per_limit < 0:
+            raise ValueError(
+                f"flows_per_limit must be >= 0 (0: only their sum), got {flows_per_limit}"
+            )
         self.refresh_seconds = refresh_seconds
+        self.flows_per_limit = flows_per_limit
         self.title = title
         self._template = resources.files(__package__).joinpath("status.html").read_text("utf-8")
 
@@ -142,7 +201,7 @@ class ConcurrencyStatusView:
             return PlainTextResponse(f"format must be json or html, got {wanted!r}", 400)
         headers = {"Cache-Control": "no-store"}
         if wanted == "json":
-            return JSONResponse(status_snapshot(), headers=headers)
+            return JSONResponse(status_snapshot(self.flows_per_limit), headers=headers)
         refresh = _refresh_seconds(query.get("refresh"), self.refresh_seconds)
         if isinstance(refresh, str):
             return PlainTextResponse(refresh, 400)
@@ -151,7 +210,7 @@ class ConcurrencyStatusView:
     def _page(self, refresh_seconds: float) -> str:
         # The first snapshot is embedded so the bars are there on load, before any refresh.
         # "<" is escaped so that no limit name can end the script element early.
-        snapshot = json.dumps(status_snapshot()).replace("<", "\\u003c")
+        snapshot = json.dumps(status_snapshot(self.flows_per_limit)).replace("<", "\\u003c")
         return (
             self._template.replace("{{TITLE}}", html.escape(self.title))
             .replace("{{REFRESH_MS}}", str(round(refresh_seconds * 1000)))

@@ -16,11 +16,13 @@ SOURCES = [
     *sorted((ROOT / "gym_concurrency").rglob("*.py")),
     *sorted((ROOT / "middleware").rglob("*.py")),
 ]
-# The OpenTelemetry Meter's instrument factories, and the observer's instrument specs.
+# The OpenTelemetry Meter's instrument factories, and the observer's instrument specs (per
+# limit, and per flow).
 CREATE = {
     *(f"create_{kind}" for kind in ("counter", "up_down_counter", "histogram", "gauge")),
     *(f"create_observable_{kind}" for kind in ("counter", "up_down_counter", "gauge")),
     "_Instrument",
+    "_FlowInstrument",
 }
 ROW = re.compile(r"^\| `(gym\.[a-z_.]+)` \| ([^|]+) \| `([^`]+)` \| `([^`]+)` \|", re.M)
 

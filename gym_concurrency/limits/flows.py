@@ -131,8 +131,9 @@ class FlowQueues:
         return None
 
     def flows(self) -> Iterator[tuple[Hashable, int, int]]:
-        """(flow, waiters, queued weight) for each flow with a waiter."""
-        for flow, state in self._flows.items():
+        """(flow, waiters, queued weight) for each flow with a waiter. Safe to call from
+        another thread (an exporter's): it walks a copy taken at once."""
+        for flow, state in list(self._flows.items()):
             yield flow, len(state.queue), state.weight
 
     def clear(self) -> None:

@@ -109,11 +109,13 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         return len(self._flows) if self._flows else int(bool(self._queue))
 
     def flow_statistics(self) -> list[FlowStatistics]:
-        """Every flow that holds weight or waits now (the default flow is None)."""
+        """Every flow that holds weight or waits now (the default flow is None); read at
+        export, from the exporter's thread too (each dict is copied at once)."""
         waiting = {flow: (n, w) for flow, n, w in self._flows.flows()}
         if not self._flows and self._queue:
             waiting[None] = (len(self._queue), len(self._queue))
-        flows = set(self._held) | set(waiting)
+        held = dict(self._held)
+        flows = set(held) | set(waiting)
         if self._active > self._held_by_flows:
             flows.add(None)
         return [FlowStatistics(f, self._held_by(f), *waiting.get(f, (0, 0))) for f in flows]

@@ -282,6 +282,8 @@ class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
     # A refused client that sends again at once is then out of the server's hot loop for a
     # reconnect; without it, shedding at 16x overload collapses goodput (docs/performance.md).
     close_connection_on_refusal: bool = True
+    # Per-flow series each limit exports (its busiest flows; the rest as flow "other").
+    flow_series_per_limit: int = Field(default=5, ge=0)
     # Limits with scope="global" live in this Redis (or Valkey): redis://host:port/db.
     redis_url: str | None = None
     # Redis unreachable: "refuse" answers with the failure profile (reason unavailable);

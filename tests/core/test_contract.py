@@ -28,6 +28,7 @@ EXPECTED = {
     gc_.ADMISSION_TIMEOUTS_INSTRUMENT: ("{request}", "counter"),
     gc_.ADMISSION_CANCELLED_INSTRUMENT: ("{request}", "counter"),
     gc_.ADMISSION_SHED_INSTRUMENT: ("{request}", "counter"),
+    gc_.names.QUEUED_WEIGHT_INSTRUMENT: ("{weight}", "up-down counter"),
     gc_.QUEUE_DURATION_INSTRUMENT: ("ms", "histogram"),
     gc_.DURATION_INSTRUMENT: ("ms", "histogram"),
     gc_.QUEUED_INSTRUMENT: ("{operation}", "up-down counter"),

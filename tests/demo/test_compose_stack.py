@@ -195,3 +195,19 @@ def test_the_dashboard_shows_limits_failures_and_distributions():
         and "nemo_gym_resources_operation_outcome" in e
     ]
     assert by_outcome, "operation durations must be broken down by outcome"
+
+
+def test_the_dashboard_shows_each_limits_busiest_flows():
+    (panel,) = [
+        p
+        for p in load_dashboard()["panels"]
+        if any("gym_concurrency_flow_" in t["expr"] for t in p["targets"])
+    ]
+    exprs = {t["refId"]: t["expr"] for t in panel["targets"]}
+    assert "gym_concurrency_flow_held{" in exprs["A"]
+    assert "gym_concurrency_flow_queued_weight{" in exprs["B"]
+    for expr in exprs.values():
+        assert "by (nemo_gym_concurrency_limit_name, nemo_gym_concurrency_flow)" in expr
+        assert 'nemo_gym_concurrency_limit_name=~"$limit"' in expr
+    queued = next(o for o in panel["fieldConfig"]["overrides"] if o["matcher"]["options"] == "B")
+    assert {"id": "custom.transform", "value": "negative-Y"} in queued["properties"]

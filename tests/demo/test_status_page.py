@@ -108,3 +108,47 @@ def test_the_page_shows_a_full_limit_and_refreshes_when_it_empties(server: str, 
         wait_for(emptied, 10, "the page to show the emptied limit")
         assert "updated" in browser.evaluate("document.getElementById('updated').textContent")
         browser.screenshot(tmp_path / "idle.png")
+
+
+HOSTILE_FLOW = '<img src=x onerror="window.pwned = true">' + "z" * 80
+FLOW_ROWS = f"""[...document.querySelectorAll('.limit')]
+    .filter(e => e.dataset.component === '{COMPONENT}' && e.dataset.limitName === 'judge')
+    .flatMap(e => [...e.querySelectorAll('.flows tr:not(:first-child)')])
+    .map(tr => ({{flow: tr.dataset.flow ?? null, other: tr.dataset.otherFlows ?? null,
+                  cells: [...tr.querySelectorAll('td')].map(td => td.textContent)}}))"""
+
+
+def test_the_page_lists_the_busiest_flows_as_text(tmp_path: Path):
+    judge = MeteredSemaphore(40, component=COMPONENT, limit_name="judge")
+
+    async def hold(request: Request) -> PlainTextResponse:
+        # On the server's loop: 7 flows, the hostile one the busiest; the 2 lightest summed.
+        for flow, weight in [(HOSTILE_FLOW, 9), ("env-a", 8), ("env-b", 7), (None, 6)]:
+            await judge.acquire(weight, flow)
+        for flow, weight in [("env-c", 5), ("env-d", 2), ("env-e", 1)]:
+            await judge.acquire(weight, flow)
+        return PlainTextResponse("held")
+
+    app = Starlette(
+        routes=[
+            Route("/concurrency", ConcurrencyStatusView()),
+            Route("/hold", hold, methods=["POST"]),
+        ]
+    )
+    with UvicornServer(app) as server, Chromium(tmp_path) as browser:
+        httpx.post(f"{server.url}/hold", timeout=5)
+        browser.navigate(f"{server.url}/concurrency")
+        shown = browser.evaluate(FLOW_ROWS)
+        cut = HOSTILE_FLOW[:63] + "…"
+        assert shown == [
+            {"flow": cut, "other": None, "cells": [cut, "9", "0", "0"]},
+            {"flow": "env-a", "other": None, "cells": ["env-a", "8", "0", "0"]},
+            {"flow": "env-b", "other": None, "cells": ["env-b", "7", "0", "0"]},
+            {"flow": "default", "other": None, "cells": ["default", "6", "0", "0"]},
+            {"flow": "env-c", "other": None, "cells": ["env-c", "5", "0", "0"]},
+            {"flow": None, "other": "2", "cells": ["other (2 flows)", "3", "0", "0"]},
+        ]
+        # A flow key is text, never markup: no element made of it, no script run.
+        assert browser.evaluate("document.querySelectorAll('#limits img').length") == 0
+        assert browser.evaluate("window.pwned === undefined") is True
+        browser.screenshot(tmp_path / "flows.png")

@@ -56,11 +56,14 @@ async def test_the_snapshot_shows_each_limit_full_with_its_queue_and_failures(co
             "active": 2,
             "available": 0,
             "queue_depth": 1,
+            "queued_weight": 1,
             "timeouts": 1,
             "cancelled": 0,
             "shed": 1,
             "timeout_seconds": 0.01,
             "max_queue": 1,
+            "flows": [{"flow": "default", "held": 2, "queue_depth": 1, "queued_weight": 1}],
+            "other_flows": None,
         }
     }
 
@@ -77,6 +80,58 @@ async def test_semaphores_with_the_same_names_are_one_limit(component: str):
     by_server = {row["server"]: (row["limit"], row["active"]) for row in judged}
     assert by_server == {"a": (5, 2), "b": (1, 0)}
     assert other.limit == 1  # keeps `other` alive until the snapshot was taken
+
+
+async def test_each_limit_lists_its_busiest_flows_and_sums_the_rest(component: str):
+    judge = MeteredSemaphore(20, component=component, limit_name="judge")
+    twin = MeteredSemaphore(4, component=component, limit_name="judge")  # one limit with judge
+    idle = MeteredSemaphore(2, component=component, limit_name="idle")
+    for flow, weight in [("env-a", 6), ("env-b", 5), ("env-c", 1), ("env-d", 2), (None, 6)]:
+        await judge.acquire(weight, flow)
+    await twin.acquire(3, "env-c")
+    waiters = [asyncio.create_task(judge.acquire(w, f)) for f, w in [("env-e", 4), ("env-d", 1)]]
+    await asyncio.sleep(0)
+    async with client_for(ConcurrencyStatusView(flows_per_limit=3)) as client:
+        snapshot = (await client.get("/concurrency")).json()
+    for waiter in waiters:
+        waiter.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    shown = rows(snapshot, component)
+    assert shown["judge"]["flows"] == [
+        {"flow": "default", "held": 6, "queue_depth": 0, "queued_weight": 0},
+        {"flow": "env-a", "held": 6, "queue_depth": 0, "queued_weight": 0},
+        {"flow": "env-b", "held": 5, "queue_depth": 0, "queued_weight": 0},
+    ]
+    # env-c (1 + 3 held), env-d (2 held, 1 queued), env-e (4 queued): 3 flows beyond the top 3.
+    assert shown["judge"]["other_flows"] == {
+        "flows": 3,
+        "held": 6,
+        "queue_depth": 2,
+        "queued_weight": 5,
+    }
+    assert (shown["judge"]["active"], shown["judge"]["queued_weight"]) == (23, 5)
+    assert shown["idle"]["flows"] == []
+    assert shown["idle"]["other_flows"] is None
+    assert idle.limit == 2  # kept alive until the snapshot was taken
+
+
+async def test_a_hostile_flow_key_is_data_cut_to_64_characters(component: str):
+    hostile = "</script><img src=x onerror=alert(1)>" + "y" * 100
+    limit = MeteredSemaphore(2, component=component, limit_name="judge")
+    async with limit.hold(1, hostile), client_for(ConcurrencyStatusView()) as client:
+        snapshot = (await client.get("/concurrency?format=json")).json()
+        page = (await client.get("/concurrency?format=html")).text
+    (flow,) = rows(snapshot, component)["judge"]["flows"]
+    assert flow["flow"] == hostile[:63] + "…"
+    assert "</script><img" not in page
+    assert "\\u003c/script>\\u003cimg src=x onerror=alert(1)>" in page
+
+
+def test_the_number_of_flows_shown_is_checked_at_construction():
+    with pytest.raises(ValueError, match=r"flows_per_limit must be >= 0 \(0: only their sum\)"):
+        ConcurrencyStatusView(flows_per_limit=-1)
+    with pytest.raises(TypeError, match=r"flows_per_limit must be an int, got '3'"):
+        ConcurrencyStatusView(flows_per_limit="3")  # type: ignore[arg-type]
 
 
 async def test_operations_show_how_many_wait_and_run(metrics: Any, component: str):
