@@ -24,6 +24,7 @@ from .queue_wait import QueueWaitRecorder
 from .queued import QueuedAdmission
 from .routing import RouteTable, UnknownRouteError, describe_routes
 from .settings import ConcurrencySettings
+from .shutdown import ShutdownSignals, wait_idle
 
 __all__ = [
     "STATE_ATTRIBUTE",
@@ -95,6 +96,7 @@ class ConcurrencyLimitMiddleware:
         self._table: RouteTable[LimitedRoute] | None = None
         self._routed_app: Any = None  # the app whose routes the table was compiled from
         self._operations = bool(self.limits.operations)
+        self._signals: ShutdownSignals | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope_type = scope["type"]
@@ -113,6 +115,9 @@ class ConcurrencyLimitMiddleware:
         route = table.resolve(scope)
         if route is None or (self._bypass is not None and self._bypass(scope)):
             await self.app(scope, receive, send)
+            return
+        if self._queued.draining:  # shutting down: admit nothing more
+            await self._queued.refuse_now(route, scope, receive, send)
             return
         limit = route.limit
         # An adaptive limit (or Retry-After auto) runs the app in its feedback, measured.
@@ -198,7 +203,10 @@ class ConcurrencyLimitMiddleware:
             if not replayed:
                 replayed = True
                 return message
-            return await receive()
+            shutdown = await receive()
+            if shutdown["type"] == "lifespan.shutdown":  # before the app's own shutdown
+                await self.drain()
+            return shutdown
 
         async def send_checked(reply: Message) -> None:
             # The table is built once the app's own startup is done, so that routes it adds
@@ -217,6 +225,9 @@ class ConcurrencyLimitMiddleware:
                     self._config_error = error
                     await send({"type": "lifespan.startup.failed", "message": error})
                     raise ConcurrencyConfigError(error)
+                self._queued.draining = False  # an app started again admits again
+                self._signals = ShutdownSignals(asyncio.get_running_loop(), self._begin_drain)
+                self._signals.install()
             elif reply["type"] in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
                 await self._close_shared()
             await send(reply)
@@ -244,8 +255,29 @@ class ConcurrencyLimitMiddleware:
                 )
         return None
 
+    async def drain(self, seconds: float | None = None) -> bool:
+        """Shut down admission: refuse every queued request now (the route's failure profile,
+        reason unavailable, "draining") and every later one, then wait at most `seconds`
+        (default `drain_timeout_seconds`) for admitted requests to finish; True if they did.
+        Runs by itself on SIGTERM / SIGINT and at lifespan shutdown."""
+        self._begin_drain()
+        seconds = self.settings.drain_timeout_seconds if seconds is None else seconds
+        return await wait_idle({id(r.limit): r.limit for r in self.limits.routes}.values(), seconds)
+
+    def _begin_drain(self) -> None:
+        if self._queued.draining:
+            return
+        refused = self._queued.drain()
+        _log.warning(
+            "gym_concurrency: draining (shutting down): %d queued requests refused; admitted "
+            "requests finish, new ones are refused",
+            refused,
+        )
+
     async def _close_shared(self) -> None:
         """Give this process's global slots and places back, and close their connections."""
+        if self._signals is not None:
+            self._signals.restore()
         for limit in self.limits.shared():
             await limit.close()
 

@@ -43,6 +43,9 @@ EPISODE_FAILURE_REFUSALS: dict[Refusal, str] = {
     "shed": "Episode admission queue full",
     "unavailable": "Episode admission unavailable",
 }
+# A request refused because the server shuts down (reason "unavailable", while draining).
+DRAINING_DETAIL = "The server is shutting down (draining); send the request to another replica."
+EPISODE_DRAINING = "Episode admission unavailable: the server is draining"
 _JSON = b"application/json"
 _PROBLEM_JSON = b"application/problem+json"
 _NULL = b"null"
@@ -51,7 +54,15 @@ _NULL = b"null"
 class RouteFailures:
     """The failure responses of one route, one per reason, encoded once."""
 
-    __slots__ = ("_bodies", "_headers", "_retry_after", "_with_ms", "episode", "status")
+    __slots__ = (
+        "_bodies",
+        "_draining",
+        "_headers",
+        "_retry_after",
+        "_with_ms",
+        "episode",
+        "status",
+    )
 
     def __init__(
         self,
@@ -63,6 +74,7 @@ class RouteFailures:
         self.episode = route.failure == "episode"
         self.status = 200 if self.episode else 503
         self._bodies = {reason: _encoded_body(route, reason) for reason in REFUSALS}
+        self._draining = _encoded_body(route, "unavailable", draining=True)
         content_type = _PROBLEM_JSON if route.failure == "problem" else _JSON
         headers = [(b"content-type", content_type)]
         # `retry_after` (Retry-After auto): computed for each refusal, from the drain rate.
@@ -76,18 +88,27 @@ class RouteFailures:
             headers.append((b"connection", b"close"))
         self._headers = headers
 
-    def body(self, reason: Refusal, request_body: bytes | None = None) -> bytes:
-        """The body for `reason`; an episode body carries the ids of `request_body` (None:
-        not read in full, so null ids)."""
-        encoded = self._bodies[reason]
+    def body(
+        self, reason: Refusal, request_body: bytes | None = None, *, draining: bool = False
+    ) -> bytes:
+        """The body for `reason` ("unavailable" with `draining`: the server shuts down); an
+        episode body carries the ids of `request_body` (None: not read in full, null ids)."""
+        encoded = self._draining if draining and reason == "unavailable" else self._bodies[reason]
         if not self.episode:
             return encoded
         episode_id, task_id = episode_ids(request_body) if request_body else (_NULL, _NULL)
         return b'{"episode_id":%s,"task_id":%s%s' % (episode_id, task_id, encoded)
 
-    async def send(self, send: Send, reason: Refusal, request_body: bytes | None = None) -> None:
+    async def send(
+        self,
+        send: Send,
+        reason: Refusal,
+        request_body: bytes | None = None,
+        *,
+        draining: bool = False,
+    ) -> None:
         """Send the whole response for `reason` over ASGI `send`."""
-        body = self.body(reason, request_body)
+        body = self.body(reason, request_body, draining=draining)
         # A fresh headers list each time: outer middlewares may append to it in place.
         headers = [*self._headers, (b"content-length", b"%d" % len(body))]
         if self._retry_after is not None:
@@ -112,17 +133,19 @@ def retry_after_seconds(route: RouteLimit) -> int:
     return 1
 
 
-def _encoded_body(route: RouteLimit, reason: Refusal) -> bytes:
+def _encoded_body(route: RouteLimit, reason: Refusal, *, draining: bool = False) -> bytes:
     """The encoded body; for an episode, all of it after the ids (`,"result":...}`)."""
     if route.failure == "episode":
-        rest = _dumps({"result": None, "failure": _episode_failure(reason)})
+        rest = _dumps({"result": None, "failure": _episode_failure(reason, draining)})
         return b"," + rest[1:]
     if route.failure == "openai":
-        return _dumps(_openai_body(route, reason))
-    return _dumps(_problem_body(route, reason))
+        return _dumps(_openai_body(route, reason, draining))
+    return _dumps(_problem_body(route, reason, draining))
 
 
-def _detail(route: RouteLimit, reason: Refusal) -> str:
+def _detail(route: RouteLimit, reason: Refusal, draining: bool) -> str:
+    if draining:
+        return DRAINING_DETAIL
     limit = f"{route.limit_name!r} (max_concurrent={route.max_concurrent})"
     if route.adaptive is not None:
         bounds = f"{route.adaptive.min_concurrent}..{route.adaptive.max_concurrent}"
@@ -136,20 +159,20 @@ def _detail(route: RouteLimit, reason: Refusal) -> str:
     return f"The shared limit {limit} could not be reached."
 
 
-def _problem_body(route: RouteLimit, reason: Refusal) -> dict[str, Any]:
+def _problem_body(route: RouteLimit, reason: Refusal, draining: bool) -> dict[str, Any]:
     return {
         "type": PROBLEM_TYPES[reason],
         "title": PROBLEM_TITLES[reason],
         "status": 503,
-        "detail": _detail(route, reason),
+        "detail": _detail(route, reason, draining),
         "limit_name": route.limit_name,
     }
 
 
-def _openai_body(route: RouteLimit, reason: Refusal) -> dict[str, Any]:
+def _openai_body(route: RouteLimit, reason: Refusal, draining: bool) -> dict[str, Any]:
     return {
         "error": {
-            "message": _detail(route, reason),
+            "message": _detail(route, reason, draining),
             "type": "server_error",
             "param": None,
             "code": OPENAI_CODES[reason],
@@ -157,8 +180,8 @@ def _openai_body(route: RouteLimit, reason: Refusal) -> dict[str, Any]:
     }
 
 
-def _episode_failure(reason: Refusal) -> dict[str, Any]:
-    reason_text = EPISODE_FAILURE_REFUSALS[reason]
+def _episode_failure(reason: Refusal, draining: bool) -> dict[str, Any]:
+    reason_text = EPISODE_DRAINING if draining else EPISODE_FAILURE_REFUSALS[reason]
     return {"failure_reason": reason_text, "terminal": False, "stage": "admission"}
 
 

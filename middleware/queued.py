@@ -38,7 +38,15 @@ class QueuedAdmission:
     A websocket holds its slot for the connection's lifetime and is refused with close code
     1013 (try again later)."""
 
-    __slots__ = ("bodies", "cascade", "max_body_bytes", "recorder", "refusal_body_seconds")
+    __slots__ = (
+        "bodies",
+        "cascade",
+        "draining",
+        "max_body_bytes",
+        "recorder",
+        "refusal_body_seconds",
+        "waiting",
+    )
 
     def __init__(
         self,
@@ -53,6 +61,28 @@ class QueuedAdmission:
         self.bodies = bodies
         self.refusal_body_seconds = refusal_body_seconds
         self.cascade = CascadeWarning()
+        self.draining = False  # shutting down: every queued request is refused, none admitted
+        self.waiting: dict[asyncio.Future[Admission], LimitedRoute] = {}
+
+    def drain(self) -> int:
+        """Stop admitting: refuse every queued request now ("unavailable", the draining
+        body); how many were queued."""
+        self.draining = True
+        waiting, self.waiting = self.waiting, {}
+        return sum(route.limit.refuse(waiter) for waiter, route in waiting.items())
+
+    async def refuse_now(
+        self, route: LimitedRoute, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Refuse a request that arrived while draining."""
+        if scope["type"] == "http":
+            await self.refuse_at_once(route, "unavailable", receive, send)
+        else:
+            queued = QueuedWebsocket(receive)
+            try:
+                await _refuse_websocket("unavailable", queued, send)
+            finally:
+                queued.close()
 
     async def __call__(
         self,
@@ -108,6 +138,7 @@ class QueuedAdmission:
         """How the wait ended; a disconnect leaves the queue, as does a server cancel (raised)."""
         started = perf_counter()
         recorded: str | None = "cancelled"
+        self.waiting[waiter] = route
         try:
             recorded = outcome = await _wait_reading(route, waiter, queued)
         except asyncio.CancelledError:  # the server cancelled the request
@@ -118,6 +149,7 @@ class QueuedAdmission:
             route.limit.leave(waiter, cancelled=False)
             raise
         finally:
+            self.waiting.pop(waiter, None)
             self._record(route, recorded, started)
         return outcome
 
@@ -153,7 +185,7 @@ class QueuedAdmission:
             if queued.disconnected:
                 return
         with contextlib.suppress(OSError):  # the client left while we answered; nothing held
-            await route.failures.send(send, reason, body)
+            await route.failures.send(send, reason, body, draining=self.draining)
 
 
 async def _wait_reading(

@@ -243,6 +243,15 @@ class LimitBase:
             self._cancelled += counted
             self._give_back(waiter)
 
+    def refuse(self, waiter: asyncio.Future[Admission]) -> bool:
+        """End `waiter`'s wait now with "unavailable" if it is still queued (True): the server
+        is shutting down. Not counted as a failed admission."""
+        if not self._forget(waiter):
+            return False
+        if not waiter.done():
+            waiter.set_result("unavailable")
+        return True
+
     def _give_back(self, waiter: asyncio.Future[Admission]) -> None:
         """Release what was handed to `waiter`, whose task left before it resumed."""
         self.settle(waiter)

@@ -159,6 +159,10 @@ class Limit(Protocol):
         """Give back `weight` held by `flow` (what it was acquired with)."""
         ...
 
+    def refuse(self, waiter: asyncio.Future[Admission]) -> bool:
+        """End a queued `waiter`'s wait with "unavailable" (shutting down); True if it was."""
+        ...
+
     def resize(self, limit: int) -> None:
         """Change the number of slots; held slots are never revoked."""
         ...

@@ -282,6 +282,8 @@ class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
     # A refused client that sends again at once is then out of the server's hot loop for a
     # reconnect; without it, shedding at 16x overload collapses goodput (docs/performance.md).
     close_connection_on_refusal: bool = True
+    # On shutdown, how long admitted requests may run on (queued ones are refused at once).
+    drain_timeout_seconds: _Seconds = 30.0
     # Per-flow series each limit exports (its busiest flows; the rest as flow "other").
     flow_series_per_limit: int = Field(default=5, ge=0)
     # Limits with scope="global" live in this Redis (or Valkey): redis://host:port/db.
