@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from opentelemetry.metrics import MeterProvider
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_concurrency import LimitConfigurationError
+from gym_concurrency.deadline import within_deadline
 
 from .asks import RouteAsk
 from .body import QueuedBodies, QueuedRequest
 from .dependencies import check_operation_names
+from .failures import send_misconfigured
 from .limits import LIMITS_SCOPE_KEY, ConcurrencyLimits, LimitedRoute
 from .queue_wait import QueueWaitRecorder
 from .queued import QueuedAdmission
@@ -27,6 +29,7 @@ from .settings import ConcurrencySettings
 from .shutdown import ShutdownSignals, wait_idle
 
 __all__ = [
+    "DEADLINE_STATE_KEY",
     "STATE_ATTRIBUTE",
     "ConcurrencyConfigError",
     "ConcurrencyLimitMiddleware",
@@ -38,6 +41,8 @@ _log = logging.getLogger("gym_concurrency.middleware")
 # The middleware leaves itself on the app it limits, `app.state.gym_concurrency`, once it has
 # read the app's routes (lifespan startup, or the first request): for `reload_settings(app)`.
 STATE_ATTRIBUTE = "gym_concurrency"
+# Where a request with a deadline finds it: `request.state` / scope["state"], in loop time.
+DEADLINE_STATE_KEY = "gym_concurrency.deadline"
 # Where a middleware leaves itself (and the app it limits) in the lifespan scope, and in the
 # scope of the first request it builds its routes on, for any ConcurrencyLimitMiddleware inside
 # it: a second one on the same app is an error.
@@ -108,7 +113,7 @@ class ConcurrencyLimitMiddleware:
             return
         table = self._table or self._build(scope)
         if table is None:
-            await self._misconfigured(scope, send)
+            await send_misconfigured(scope, send)
             return
         if self._operations:  # for operation_limit dependencies
             scope[LIMITS_SCOPE_KEY] = self.limits
@@ -163,24 +168,39 @@ class ConcurrencyLimitMiddleware:
             if ahead is not None:
                 body = await ahead.read_ahead()
             weight, flow = ask(scope, body)
-            limit = route.limit
-            if limit.try_acquire(weight, flow):
-                try:
-                    self._record_no_wait(route, "admitted")
-                    await app(scope, receive, send)
-                finally:
-                    limit.release(weight, flow)
-                return
-            waiter = limit.enqueue(weight, flow)
-            result = waiter.result() if waiter.done() else None
-            if result is not None and result != "admitted" and scope["type"] == "http":
-                self._record_no_wait(route, result)
-                await self._queued.refuse_at_once(route, result, receive, send)
-            else:
-                await self._queued(app, route, waiter, scope, receive, send, (weight, flow))
+            deadline = ask.deadline(scope)
+            with within_deadline(_deadline_at(scope, deadline)):
+                await self._admit_asking(app, route, (weight, flow), deadline, scope, receive, send)
         finally:
             if ahead is not None:
                 ahead.close()
+
+    async def _admit_asking(
+        self,
+        app: ASGIApp,
+        route: LimitedRoute,
+        asked: tuple[int, Hashable],
+        deadline: float | None,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        limit = route.limit
+        weight, flow = asked
+        if (deadline is None or deadline > 0) and limit.try_acquire(weight, flow):
+            try:
+                self._record_no_wait(route, "admitted")
+                await app(scope, receive, send)
+            finally:
+                limit.release(weight, flow)
+            return
+        waiter = limit.enqueue(weight, flow, deadline)
+        result = waiter.result() if waiter.done() else None
+        if result is not None and result != "admitted" and scope["type"] == "http":
+            self._record_no_wait(route, result)
+            await self._queued.refuse_at_once(route, result, receive, send)
+        else:
+            await self._queued(app, route, waiter, scope, receive, send, asked)
 
     def _record_no_wait(self, route: LimitedRoute, outcome: str) -> None:
         histogram = self._recorder.histogram()
@@ -393,24 +413,14 @@ class ConcurrencyLimitMiddleware:
         for feedback in limits.feedbacks():
             feedback.bind(self.app)
 
-    async def _misconfigured(self, scope: Scope, send: Send) -> None:
-        # Without lifespan there is no start to fail: every request says what is wrong.
-        if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1011, "reason": "misconfigured"})
-            return
-        # Only that it is misconfigured: the details (the invalid field, the app's routes) are
-        # in the log, not for any client to read.
-        body = (
-            b"gym_concurrency: this server is misconfigured (its concurrency limits do not fit "
-            b"the app or are invalid) and refuses every request until that is fixed; the "
-            b"server's log (logger gym_concurrency.middleware) says what is wrong.\n"
-        )
-        headers = [
-            (b"content-type", b"text/plain; charset=utf-8"),
-            (b"content-length", str(len(body)).encode()),
-        ]
-        await send({"type": "http.response.start", "status": 500, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+
+def _deadline_at(scope: Scope, seconds: float | None) -> float | None:
+    """The request's deadline in loop time, also left in its state for the app."""
+    if seconds is None:
+        return None
+    at = asyncio.get_running_loop().time() + seconds
+    scope.setdefault("state", {})[DEADLINE_STATE_KEY] = at
+    return at
 
 
 def concurrency_middleware(app: Any) -> ConcurrencyLimitMiddleware:

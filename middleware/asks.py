@@ -1,5 +1,5 @@
-"""What a request asks of its route's limit: its weight and its flow, read from the request as
-`RouteLimit.weight` and `RouteLimit.flow` say.
+"""What a request asks of its route's limit: its weight, its flow and its deadline, read from
+the request as `RouteLimit.weight`, `RouteLimit.flow` and `RouteLimit.deadline` say.
 
 Flows: `header:<name>`, `query:<name>`, `path:<param>`, `json:<dotted.path>` or `client` (the
 client's address); a missing value is the default flow (None). Weights: an int, `json:<dotted.
@@ -7,6 +7,8 @@ path>` (a number in the body) or `openai_tokens` (gym_concurrency.tokens); a mis
 value is weight 1 (for `openai_tokens`, the default output alone). A weight over the limit is
 capped at it and counted: no request can ask for more than the limit could ever give.
 Flow values are client-controlled: cut to `MAX_FLOW_CHARACTERS`, so memory stays bounded.
+A deadline is `header:<name>`: milliseconds remaining, ASCII digits with an optional fraction
+(as Envoy's x-envoy-expected-rq-timeout-ms); anything else is no deadline.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ _log = logging.getLogger("gym_concurrency.middleware")
 
 MAX_FLOW_CHARACTERS = 128
 _MISSING = object()
+_MILLISECONDS = re.compile(rb"^[0-9]{1,12}(\.[0-9]{1,6})?$")
 
 Body = object  # the parsed JSON body, or _MISSING when it was not read or is not JSON
 FlowOf = Callable[[Scope, Body], Hashable]
@@ -43,7 +46,15 @@ class RouteAsk:
     """Reads one route's (weight, flow) from a request; `reads_body` says whether it needs
     the request's body (read, bounded, before admission)."""
 
-    __slots__ = ("_flow_of", "_limit", "_name", "_weight_of", "capped", "reads_body")
+    __slots__ = (
+        "_deadline_header",
+        "_flow_of",
+        "_limit",
+        "_name",
+        "_weight_of",
+        "capped",
+        "reads_body",
+    )
 
     def __init__(self, config: RouteLimit, limit: Limit) -> None:
         self._name = config.limit_name
@@ -52,6 +63,17 @@ class RouteAsk:
         self._weight_of = _weight_reader(config)
         self.reads_body = _reads_body(config.flow) or _reads_body(config.weight)
         self.capped = 0  # requests whose weight was more than the limit
+        deadline = config.deadline
+        self._deadline_header = None if deadline is None else deadline[7:].lower().encode()
+
+    def deadline(self, scope: Scope) -> float | None:
+        """Seconds the request has left, by its deadline header; None without one."""
+        if self._deadline_header is None:
+            return None
+        value = _header(scope, self._deadline_header)
+        if value is None or not _MILLISECONDS.match(value):
+            return None
+        return float(value) / 1000.0
 
     def __call__(self, scope: Scope, body: bytes | None) -> tuple[int, Hashable]:
         """(weight, flow) of the request with `scope` and (if `reads_body`) `body`."""
@@ -73,8 +95,9 @@ class RouteAsk:
 
 
 def route_ask(config: RouteLimit, limit: Limit) -> RouteAsk | None:
-    """The route's ask, or None when every request asks for weight 1 in the default flow."""
-    if config.flow is None and config.weight == 1:
+    """The route's ask, or None when every request asks for weight 1 in the default flow,
+    with no deadline."""
+    if config.flow is None and config.weight == 1 and config.deadline is None:
         return None
     return RouteAsk(config, limit)
 

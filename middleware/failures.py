@@ -15,13 +15,13 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from starlette.types import Send
+from starlette.types import Scope, Send
 
 from gym_concurrency.limits import REFUSALS, Refusal
 
 from .settings import RouteLimit
 
-__all__ = ["RouteFailures", "episode_ids", "retry_after_seconds"]
+__all__ = ["RouteFailures", "episode_ids", "retry_after_seconds", "send_misconfigured"]
 
 PROBLEM_TYPES: dict[Refusal, str] = {
     "timeout": "urn:gym-concurrency:admission-timeout",
@@ -121,6 +121,28 @@ class RouteFailures:
         if self._with_ms:
             headers.append((b"retry-after-ms", b"%d" % (seconds * 1000)))
         return headers
+
+
+async def send_misconfigured(scope: Scope, send: Send) -> None:
+    """Answer a request to a misconfigured middleware: 500 (websocket: close 1011), saying
+    only that (the details are in the log, not for any client to read)."""
+    # Without lifespan there is no start to fail: every request says what is wrong.
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1011, "reason": "misconfigured"})
+        return
+    # Only that it is misconfigured: the details (the invalid field, the app's routes) are
+    # in the log, not for any client to read.
+    body = (
+        b"gym_concurrency: this server is misconfigured (its concurrency limits do not fit "
+        b"the app or are invalid) and refuses every request until that is fixed; the "
+        b"server's log (logger gym_concurrency.middleware) says what is wrong.\n"
+    )
+    headers = [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": 500, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def retry_after_seconds(route: RouteLimit) -> int:

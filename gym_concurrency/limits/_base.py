@@ -135,7 +135,9 @@ class LimitBase:
         """Take `weight` without waiting (never ahead of a waiter); True if taken."""
         raise NotImplementedError
 
-    def enqueue(self, weight: int = 1, flow: Hashable = None) -> asyncio.Future[Admission]:
+    def enqueue(
+        self, weight: int = 1, flow: Hashable = None, deadline: float | None = None
+    ) -> asyncio.Future[Admission]:
         """Join the queue; the future ends with how the wait ended (done at once if shed)."""
         raise NotImplementedError
 
@@ -197,13 +199,16 @@ class LimitBase:
 
     # --- admission -------------------------------------------------------------------
 
-    async def acquire(self, weight: int = 1, flow: Hashable = None) -> Literal[True]:
-        """Take `weight` for `flow`, waiting in fair order; raises TimeoutError,
-        QueueFullError, LimitUnavailableError, or cancels (leaving the queue)."""
+    async def acquire(
+        self, weight: int = 1, flow: Hashable = None, *, deadline: float | None = None
+    ) -> Literal[True]:
+        """Take `weight` for `flow`, waiting in fair order at most `timeout` or `deadline`
+        seconds (the sooner); raises TimeoutError, QueueFullError, LimitUnavailableError, or
+        cancels (leaving the queue)."""
         if not self.try_acquire(weight, flow):
-            admission = await wait_in_queue(self, weight, flow)
+            admission = await wait_in_queue(self, weight, flow, deadline)
             if admission != "admitted":
-                raise self._refused(admission)
+                raise self._refused(admission, deadline)
         return True
 
     def hold(self, weight: int = 1, flow: Hashable = None) -> Hold:
@@ -220,8 +225,11 @@ class LimitBase:
     async def __aexit__(self, *exc: object) -> None:
         self.release()
 
-    def _refused(self, refusal: Refusal) -> Exception:
+    def _refused(self, refusal: Refusal, deadline: float | None = None) -> Exception:
         """The exception `acquire()` raises for `refusal`."""
+        own = deadline is not None and (self._timeout is None or deadline < self._timeout)
+        if refusal == "timeout" and own:
+            return TimeoutError(f"{self._describe()}: no slot within the deadline, {deadline} s")
         if refusal == "shed":
             return QueueFullError(f"{self._describe()}: {self._queue_full()}")
         if refusal == "unavailable":

@@ -25,12 +25,12 @@ class DrainRate:
         self._count = 0
         self._previous = 0
 
-    def release(self, now: float) -> None:
-        """Count one release at time `now` (seconds)."""
+    def release(self, now: float, count: int = 1) -> None:
+        """Count `count` releases (slots, or weight) at time `now` (seconds)."""
         second = int(now)
         if second != self._second:
             self._roll(second)
-        self._count += 1
+        self._count += count
 
     def _roll(self, second: int) -> None:
         self._previous = self._count if second == self._second + 1 else 0

@@ -105,6 +105,11 @@ class FlowQueues:
         elif was_head:
             self._offer(flow, state)
 
+    def queued_weight_of(self, flow: Hashable) -> int:
+        """The weight `flow`'s waiters ask for."""
+        state = self._flows.get(flow)
+        return 0 if state is None else state.weight
+
     def ask_of(self, waiter: Waiter, flow: Hashable) -> int:
         """The weight `waiter` (queued in `flow`) asks for."""
         return self._flows[flow].queue[waiter][0]

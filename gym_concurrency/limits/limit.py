@@ -137,7 +137,9 @@ class Limit(Protocol):
         """Take `weight` without waiting (never ahead of a waiter); True if taken."""
         ...
 
-    def enqueue(self, weight: int = 1, flow: Hashable = None) -> asyncio.Future[Admission]:
+    def enqueue(
+        self, weight: int = 1, flow: Hashable = None, deadline: float | None = None
+    ) -> asyncio.Future[Admission]:
         """Join the queue; the future ends with how the wait ended (done at once if shed)."""
         ...
 
@@ -167,9 +169,12 @@ class Limit(Protocol):
         """Change the number of slots; held slots are never revoked."""
         ...
 
-    async def acquire(self, weight: int = 1, flow: Hashable = None) -> Literal[True]:
-        """Take `weight` for `flow`, waiting in fair order; TimeoutError / QueueFullError /
-        LimitUnavailableError, or cancellation (leaving the queue)."""
+    async def acquire(
+        self, weight: int = 1, flow: Hashable = None, *, deadline: float | None = None
+    ) -> Literal[True]:
+        """Take `weight` for `flow`, waiting in fair order at most `timeout` or `deadline`
+        seconds (the sooner); TimeoutError / QueueFullError / LimitUnavailableError, or
+        cancellation (leaving the queue)."""
         ...
 
     def hold(self, weight: int = 1, flow: Hashable = None) -> Hold:
@@ -202,10 +207,12 @@ class Hold:
         self._limit.release(self._weight, self._flow)
 
 
-async def wait_in_queue(limit: Limit, weight: int = 1, flow: Hashable = None) -> Admission:
+async def wait_in_queue(
+    limit: Limit, weight: int = 1, flow: Hashable = None, deadline: float | None = None
+) -> Admission:
     """Join `limit`'s queue and wait for how it ends; cancelled, leave the queue (a slot
     handed over at that moment passes on) and re-raise."""
-    waiter = limit.enqueue(weight, flow)
+    waiter = limit.enqueue(weight, flow, deadline)
     try:
         admission = await waiter
     except asyncio.CancelledError:

@@ -9,6 +9,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 
 from ._base import LimitBase, check_count
+from .deadlines import OwnDeadlines, check_deadline
 from .flows import Ask, FlowQueues, FlowStatistics, Waiting
 from .limit import Admission, wait_in_queue
 
@@ -74,6 +75,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         # Until they have, no later acquire takes weight at once, as in asyncio.Semaphore: a
         # task that releases and re-acquires runs after the waiters it handed slots to.
         self._handed: dict[Waiter, Ask | None] = {}
+        # Made when a waiter first brings a deadline of its own (deadlines.py).
+        self._deadlines: OwnDeadlines | None = None
         self._register()
 
     # --- state -----------------------------------------------------------------------
@@ -160,10 +163,14 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             return True
         return False
 
-    def enqueue(self, weight: int = 1, flow: Hashable = None) -> Waiter:
+    def enqueue(
+        self, weight: int = 1, flow: Hashable = None, deadline: float | None = None
+    ) -> Waiter:
         """Join the queue (call after `try_acquire()` failed): the future ends "admitted" (the
-        weight is held), "timeout", or is "shed" already if `max_queue` tasks wait.
-        ValueError if `weight` exceeds the limit; nothing else raises."""
+        weight is held), "timeout" (the limit's timeout or the waiter's own `deadline`, in
+        seconds from now, whichever is sooner), or is done already: "shed" if `max_queue`
+        tasks wait, "timeout" if the deadline is past or the measured hand-over rate says it
+        cannot be met. ValueError if `weight` exceeds the limit; nothing else raises."""
         if weight != 1:
             self._check_weight(weight)
         loop = asyncio.get_running_loop()
@@ -175,17 +182,51 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             self._shed += 1
             waiter.set_result("shed")
             return waiter
-        deadline = None
+        if deadline is not None and self._refused_by_deadline(waiter, weight, flow, deadline):
+            return waiter
+        deadline_at = None
         if self._timeout is not None:
-            deadline = loop.time() + self._timeout
+            deadline_at = loop.time() + self._timeout
             if self._timer is None:
-                self._timer = loop.call_at(deadline, self._expire)
-        self._queue[waiter] = deadline
+                self._timer = loop.call_at(deadline_at, self._expire)
+        self._queue[waiter] = deadline_at
+        if deadline is not None and (self._timeout is None or deadline < self._timeout):
+            self._own_deadlines().arm(waiter, deadline, self._expire_one)
         if weight != 1 or flow is not None or self._flows:
             self._queue_by_flow(waiter, weight, flow)
             if self._next is None and self._active < self._limit and not self._handed:
                 self._admit_fairly()  # it does not fit: it is chosen, and capacity held for it
         return waiter
+
+    def _refused_by_deadline(
+        self, waiter: Waiter, weight: int, flow: Hashable, deadline: float
+    ) -> bool:
+        """End `waiter` with "timeout" at once (True) if its deadline cannot be met: past, or
+        more weight ahead of it (in its flow, when flows wait) than the rate hands out in time."""
+        deadline = check_deadline(type(self).__name__, deadline)
+        flows = self._flows
+        ahead = flows.queued_weight_of(flow) if flows else len(self._queue)
+        if not self._own_deadlines().hopeless(ahead + weight, deadline):
+            return False
+        self._timeouts += 1
+        waiter.set_result("timeout")
+        return True
+
+    def _own_deadlines(self) -> OwnDeadlines:
+        if self._deadlines is None:
+            self._deadlines = OwnDeadlines()
+        return self._deadlines
+
+    def _expire_one(self, waiter: Waiter) -> None:
+        """`waiter`'s own deadline passed: it times out if it still waits."""
+        if waiter not in self._queue:
+            return
+        chosen = self._unqueue(waiter)
+        if not waiter.done():  # else cancelled with its task, which counts it when it leaves
+            self._timeouts += 1
+            waiter.set_result("timeout")
+        if chosen and self._queue:
+            self._admit_waiters()  # the capacity held for it moves on
 
     def _queue_by_flow(self, waiter: Waiter, weight: int, flow: Hashable) -> None:
         flows = self._flows
@@ -208,6 +249,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     def _unqueue(self, waiter: Waiter) -> bool:
         """Take `waiter` out of every queue it is in; True if it was the one chosen next."""
         del self._queue[waiter]
+        if self._deadlines is not None and self._deadlines.timers:
+            self._deadlines.disarm(waiter)
         if not self._flows:
             return False
         _, flow = self._asks.pop(waiter)
@@ -283,12 +326,17 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             self._admit_fairly()
             return
         queue = self._queue
+        deadlines = self._deadlines
         while queue and self._active < self._limit:
             waiter, _ = queue.popitem(last=False)
+            if deadlines is not None:
+                deadlines.disarm(waiter)
             if waiter.done():  # cancelled with its task, which counts it when it leaves
                 continue
             self._active += 1
             self._handed[waiter] = None
+            if deadlines is not None:
+                deadlines.handed(1)
             waiter.set_result("admitted")
 
     def _admit_fairly(self) -> None:
@@ -309,6 +357,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
                 self._take(flow, weight)
             self._unqueue(waiter)  # its flow's next head is offered at the new held weight
             self._handed[waiter] = (weight, flow)
+            if self._deadlines is not None:
+                self._deadlines.handed(weight)
             waiter.set_result("admitted")
 
     def settle(self, waiter: Waiter) -> None:

@@ -11,7 +11,7 @@ from starlette.routing import compile_path
 
 from .numbers import number
 
-__all__ = ["FlowSource", "WeightSource", "check_ask"]
+__all__ = ["DeadlineSource", "FlowSource", "WeightSource", "check_ask"]
 
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110)
 _DOTTED = re.compile(r"^[^.\s]+(\.[^.\s]+)*$")
@@ -57,7 +57,15 @@ def _check_weight(value: int | str) -> int | str:
     return value
 
 
+def _check_deadline(value: str) -> str:
+    kind, colon, name = value.partition(":")
+    if kind != "header" or not colon or not _TOKEN.match(name):
+        raise ValueError(f"must be 'header:<name>' (milliseconds remaining), got {value!r}")
+    return value
+
+
 FlowSource = Annotated[str, AfterValidator(_check_flow)]
+DeadlineSource = Annotated[str, AfterValidator(_check_deadline)]
 WeightSource = Annotated[
     int | str, BeforeValidator(_weight_from_text), AfterValidator(_check_weight)
 ]

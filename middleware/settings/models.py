@@ -27,7 +27,7 @@ from gym_concurrency.limits.adaptive import Algorithm
 from gym_concurrency.names import EXECUTORS, OPERATIONS, check_member
 from gym_concurrency.tokens import DEFAULT_OUTPUT_TOKENS
 
-from .asks import FlowSource, WeightSource, check_ask
+from .asks import DeadlineSource, FlowSource, WeightSource, check_ask
 from .environment import READ_ENVIRONMENT, EnvironmentSource, environment_values
 from .files import load_mapping
 from .numbers import NumbersAreNumbers, number
@@ -131,7 +131,8 @@ class RouteLimit(NumbersAreNumbers):
     # Slots this process admits on its own while Redis cannot be reached, with
     # redis_unavailable="local" (None: max_concurrent).
     local_max_concurrent: int | None = Field(default=None, ge=1)
-    # Where a request's flow and weight come from (docs/flows.md); None / 1: one flow, by count.
+    # Where a request's flow, weight and deadline come from (docs/flows.md, docs/deadlines.md).
+    deadline: DeadlineSource | None = None
     flow: FlowSource | None = None
     weight: WeightSource = 1
     default_output_tokens: int = Field(default=DEFAULT_OUTPUT_TOKENS, ge=1)

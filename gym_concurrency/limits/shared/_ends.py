@@ -22,8 +22,11 @@ class EndsMixin:
     _waiters: Waiters
     _sync: RedisSync
 
-    def _add(self, waiter: Waiter, loop: asyncio.AbstractEventLoop) -> Waiter:
-        return self._waiters.add(waiter, self._timeout, loop, self._expire)
+    def _add(
+        self, waiter: Waiter, loop: asyncio.AbstractEventLoop, timeout: float | None
+    ) -> Waiter:
+        """Keep `waiter`, timed out after `timeout` seconds (None: never) unless it ends."""
+        return self._waiters.add(waiter, timeout, loop, self._expire)
 
     def _abandon(self, waiter: Waiter) -> None:
         """Undo what `waiter` holds or queues elsewhere, now that it has ended here."""

@@ -24,6 +24,7 @@ from collections.abc import Callable, Hashable, Iterator
 from typing import Final
 
 from .._base import LimitBase, check_count
+from ..deadlines import check_deadline
 from ..limit import Admission, GlobalStatistics, LimitConfigurationError, LimitStatistics
 from . import scripts
 from ._away import AwayMixin
@@ -279,17 +280,28 @@ class SharedLimit(AwayMixin, EndsMixin, LimitBase):
         self._counts_requests(weight, flow)
         return False
 
-    def enqueue(self, weight: int = 1, flow: Hashable = None) -> asyncio.Future[Admission]:
-        """Join the global queue: the future ends "admitted" (the slot is held), "timeout",
+    def enqueue(
+        self, weight: int = 1, flow: Hashable = None, deadline: float | None = None
+    ) -> asyncio.Future[Admission]:
+        """Join the global queue: the future ends "admitted" (the slot is held), "timeout"
+        (the limit's timeout or `deadline` seconds from now, the sooner; at once if past),
         "shed" (the global queue was full) or "unavailable" (Redis could not be reached and
         the mode is "refuse"). ValueError for a weight or flow (not yet across processes)."""
         self._counts_requests(weight, flow)
         loop = asyncio.get_running_loop() if self._closed else self._bind()
         future: asyncio.Future[Admission] = loop.create_future()
+        timeout = self._timeout
+        if deadline is not None:
+            deadline = check_deadline(type(self).__name__, deadline)
+            if deadline <= 0:
+                self._timeouts += 1
+                future.set_result("timeout")
+                return future
+            timeout = deadline if timeout is None else min(timeout, deadline)
         if self._sync.refusing() or self._closed:
-            self._unreachable(self._add(Waiter(None, future), loop))
+            self._unreachable(self._add(Waiter(None, future), loop, timeout))
             return future
-        waiter = self._add(Waiter(f"{self._proc}:{next(self._counter)}", future), loop)
+        waiter = self._add(Waiter(f"{self._proc}:{next(self._counter)}", future), loop, timeout)
         self._sync.send(waiter)
         return future
 

@@ -1,0 +1,138 @@
+"""A waiter's own deadline: `acquire(..., deadline=)` bounds the wait with the limit's timeout
+(the sooner wins), a past deadline or one the measured hand-over rate cannot meet is refused
+at once, and every path (admitted in time, timed out, cancelled, chosen and heavy) leaves no
+timer and no slot behind."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from gym_concurrency import MeteredSemaphore
+
+
+async def settle(rounds: int = 6) -> None:
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+def timers(sem: MeteredSemaphore) -> int:
+    return 0 if sem._deadlines is None else len(sem._deadlines.timers)
+
+
+@pytest.mark.parametrize(
+    ("limit_timeout", "deadline", "bound"), [(None, 0.1, 0.1), (5, 0.1, 0.1), (0.1, 5, 0.1)]
+)
+async def test_the_sooner_of_timeout_and_deadline_bounds_the_wait(  # type: ignore[no-untyped-def]
+    limit_timeout, deadline, bound
+) -> None:
+    sem = MeteredSemaphore(1, timeout=limit_timeout)
+    await sem.acquire()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await sem.acquire(deadline=deadline)
+    assert bound * 0.9 <= time.monotonic() - started < bound + 1.0
+    assert (sem.admission_timeouts, sem.queue_depth, timers(sem)) == (1, 0, 0)
+
+
+async def test_a_past_deadline_is_refused_at_once_and_counted_as_a_timeout() -> None:
+    sem = MeteredSemaphore(1)
+    await sem.acquire()
+    for deadline in (0, -1.5):
+        with pytest.raises(TimeoutError, match="no slot within the deadline"):
+            await sem.acquire(deadline=deadline)
+    assert (sem.admission_timeouts, sem.queue_depth) == (2, 0)
+    sem.release()
+    assert await sem.acquire(deadline=0)  # a free slot is taken, whatever the deadline
+
+
+async def test_admitted_in_time_leaves_no_timer() -> None:
+    sem = MeteredSemaphore(1)
+    await sem.acquire()
+    waiting = asyncio.ensure_future(sem.acquire(deadline=5))
+    await settle()
+    assert timers(sem) == 1
+    sem.release()
+    await waiting
+    assert (timers(sem), sem.active, sem.admission_timeouts) == (0, 1, 0)
+
+
+async def test_cancelled_with_a_deadline_leaves_no_timer() -> None:
+    sem = MeteredSemaphore(1)
+    await sem.acquire()
+    waiting = asyncio.ensure_future(sem.acquire(deadline=5))
+    await settle()
+    waiting.cancel()
+    await settle()
+    assert (timers(sem), sem.queue_depth, sem.admission_cancelled) == (0, 0, 1)
+
+
+async def test_a_deadline_the_hand_over_rate_cannot_meet_is_refused_at_once() -> None:
+    sem = MeteredSemaphore(2)
+    stop = asyncio.Event()
+
+    async def worker() -> None:  # hands over about 2 / 0.02 s = 100 slots a second
+        while not stop.is_set():
+            async with sem:
+                await asyncio.sleep(0.02)
+
+    workers = [asyncio.create_task(worker()) for _ in range(40)]
+    await asyncio.sleep(0.3)
+    await sem.acquire(deadline=30)  # the rate is measured from here on
+    sem.release()
+    await asyncio.sleep(2.1)  # a whole second measured, after a second's warm-up
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):  # ~40 ahead at ~100 / s: 0.4 s, not within 0.05 s
+        await sem.acquire(deadline=0.05)
+    assert time.monotonic() - started < 0.02  # refused as it arrived, not at its end
+    assert await sem.acquire(deadline=10)  # one that can be met waits and gets in
+    sem.release()
+    stop.set()
+    await asyncio.gather(*workers)
+    assert (sem.active, sem.queue_depth, timers(sem)) == (0, 0, 0)
+
+
+async def test_a_quiet_flow_is_not_refused_for_a_floods_queue() -> None:
+    sem = MeteredSemaphore(2)
+    stop = asyncio.Event()
+
+    async def flooder() -> None:
+        while not stop.is_set():
+            async with sem.hold(flow="flood"):
+                await asyncio.sleep(0.02)
+
+    flood = [asyncio.create_task(flooder()) for _ in range(40)]
+    await asyncio.sleep(0.3)
+    await sem.acquire(flow="quiet", deadline=30)
+    sem.release(flow="quiet")
+    await asyncio.sleep(2.1)
+    # The flood's queue is long, but the quiet flow has nobody ahead of it: it gets in.
+    assert await sem.acquire(flow="quiet", deadline=0.1)
+    sem.release(flow="quiet")
+    stop.set()
+    await asyncio.gather(*flood)
+
+
+async def test_a_heavy_waiter_whose_deadline_passes_frees_what_was_held_for_it() -> None:
+    sem = MeteredSemaphore(3)
+    await sem.acquire(weight=2)
+    heavy = asyncio.ensure_future(sem.acquire(weight=3, flow="heavy", deadline=0.1))
+    await settle()
+    light = asyncio.ensure_future(sem.acquire(flow="light"))
+    await settle()
+    assert not light.done()  # the free slot is held for the heavy waiter
+    with pytest.raises(TimeoutError):
+        await heavy
+    await light
+    assert (sem.active, sem.admission_timeouts, timers(sem)) == (3, 1, 0)
+
+
+@pytest.mark.parametrize("deadline", ["1", float("nan"), True])
+async def test_a_bad_deadline_names_it(deadline) -> None:  # type: ignore[no-untyped-def]
+    sem = MeteredSemaphore(1)
+    await sem.acquire()
+    with pytest.raises((TypeError, ValueError), match="deadline must be a number of seconds"):
+        await sem.acquire(deadline=deadline)
+    assert (sem.queue_depth, sem.admission_timeouts) == (0, 0)
