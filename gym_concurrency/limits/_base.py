@@ -13,6 +13,7 @@ import math
 from collections.abc import Hashable
 from typing import ClassVar, Literal
 
+from ..deadline import deadline_remaining
 from .flows import FlowStatistics
 from .limit import (
     Admission,
@@ -206,6 +207,8 @@ class LimitBase:
         seconds (the sooner); raises TimeoutError, QueueFullError, LimitUnavailableError, or
         cancels (leaving the queue)."""
         if not self.try_acquire(weight, flow):
+            if deadline is None:  # what is left of the request's, if one is being handled
+                deadline = deadline_remaining()
             admission = await wait_in_queue(self, weight, flow, deadline)
             if admission != "admitted":
                 raise self._refused(admission, deadline)
@@ -218,9 +221,10 @@ class LimitBase:
     async def __aenter__(self) -> None:
         # acquire() without a second coroutine (asyncio's mixin awaits self.acquire()).
         if not self.try_acquire():
-            admission = await wait_in_queue(self)
+            deadline = deadline_remaining()
+            admission = await wait_in_queue(self, 1, None, deadline)
             if admission != "admitted":
-                raise self._refused(admission)
+                raise self._refused(admission, deadline)
 
     async def __aexit__(self, *exc: object) -> None:
         self.release()

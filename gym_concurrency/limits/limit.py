@@ -23,6 +23,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
+from ..deadline import deadline_remaining
+
 if TYPE_CHECKING:
     from .flows import FlowStatistics
 
@@ -210,8 +212,11 @@ class Hold:
 async def wait_in_queue(
     limit: Limit, weight: int = 1, flow: Hashable = None, deadline: float | None = None
 ) -> Admission:
-    """Join `limit`'s queue and wait for how it ends; cancelled, leave the queue (a slot
-    handed over at that moment passes on) and re-raise."""
+    """Join `limit`'s queue and wait for how it ends, at most `deadline` seconds (None: what
+    is left of the request's deadline, if one is being handled; see deadline.py); cancelled,
+    leave the queue (a slot handed over at that moment passes on) and re-raise."""
+    if deadline is None:
+        deadline = deadline_remaining()
     waiter = limit.enqueue(weight, flow, deadline)
     try:
         admission = await waiter

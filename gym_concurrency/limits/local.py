@@ -8,6 +8,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Hashable
 
+from ..deadline import deadline_remaining
 from ._base import LimitBase, check_count
 from .deadlines import OwnDeadlines, check_deadline
 from .flows import Ask, FlowQueues, FlowStatistics, Waiting
@@ -305,9 +306,10 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         if self._active < self._limit and not self._queue and not self._handed:
             self._active += 1
             return
-        admission = await wait_in_queue(self)
+        deadline = deadline_remaining()  # what is left of the request's, if one is handled
+        admission = await wait_in_queue(self, 1, None, deadline)
         if admission != "admitted":
-            raise self._refused(admission)
+            raise self._refused(admission, deadline)
 
     async def __aexit__(self, *exc: object) -> None:
         self.release()

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from gym_concurrency import MeteredSemaphore
+from gym_concurrency.deadline import within_deadline
 
 
 async def settle(rounds: int = 6) -> None:
@@ -136,3 +137,23 @@ async def test_a_bad_deadline_names_it(deadline) -> None:  # type: ignore[no-unt
     with pytest.raises((TypeError, ValueError), match="deadline must be a number of seconds"):
         await sem.acquire(deadline=deadline)
     assert (sem.queue_depth, sem.admission_timeouts) == (0, 0)
+
+
+async def test_a_wait_inside_a_request_with_a_deadline_ends_with_it() -> None:
+    sem = MeteredSemaphore(1, timeout=30)
+    await sem.acquire()
+    loop = asyncio.get_running_loop()
+    with within_deadline(loop.time() + 0.1):  # as the middleware sets it around the app
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="no slot within the deadline"):
+            async with sem:
+                pass
+        with pytest.raises(TimeoutError):
+            await sem.acquire(flow="tool")
+        assert time.monotonic() - started < 1.0
+    waiting = asyncio.ensure_future(sem.acquire())  # outside the request: no deadline
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    sem.release()
+    await waiting
+    assert (sem.admission_timeouts, timers(sem)) == (2, 0)
