@@ -1,21 +1,24 @@
 """operation_limit: FastAPI dependency handles that run verifier / judge / tool work inside a
-configured OperationLimit through `resources_operation`, timing only the guarded block."""
+configured OperationLimit through `resources_operation`, timing only the guarded block:
+`async with handle:` takes one slot; `async with handle(weight=..., flow=...):` takes `weight`
+of the limit (capped at its size) in `flow`, served fairly among flows."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Hashable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 from starlette.requests import HTTPConnection
 
 from gym_concurrency import ResourcesOperation, resources_operation
+from gym_concurrency.limits import Limit
 
 from .limits import LIMITS_SCOPE_KEY, ConcurrencyLimits, LimitedOperation
 from .routing import UnknownRouteError, iter_routes
 
-__all__ = ["OperationHandle", "check_operation_names", "operation_limit"]
+__all__ = ["OperationHandle", "WeighedHold", "check_operation_names", "operation_limit"]
 
 # Marks the dependency functions operation_limit makes, so startup can check their names.
 _OPERATION_NAME = "__gym_concurrency_operation_limit__"
@@ -23,7 +26,8 @@ _OPERATION_NAME = "__gym_concurrency_operation_limit__"
 
 class OperationHandle:
     """A route's handle on one OperationLimit: `async with handle as op:` waits for a slot of
-    the limit (TimeoutError after its `timeout_seconds`) and reports the operation."""
+    the limit (TimeoutError after its `timeout_seconds`) and reports the operation;
+    `async with handle(weight=..., flow=...) as op:` the same for `weight` in `flow`."""
 
     __slots__ = ("_limit", "_meter_provider", "_open")
 
@@ -38,15 +42,24 @@ class OperationHandle:
         """The configured operation limit and its limit."""
         return self._limit
 
-    def operation(self) -> Any:
-        """A fresh `resources_operation` on this limit (an async context manager)."""
+    def operation(self, *, weight: int = 1, flow: Hashable = None) -> Any:
+        """A fresh `resources_operation` on this limit (an async context manager) that takes
+        `weight` (an int >= 1, capped at the limit's size when entered) in `flow` (any
+        hashable; None is the default flow). TypeError / ValueError for a bad argument."""
         config = self._limit.config
+        limit: Any = self._limit.limit
+        if flow is not None or weight != 1 or type(weight) is not int:  # True is no weight
+            limit = WeighedHold(limit, weight, flow)
         return resources_operation(
-            self._limit.limit,
+            limit,
             config.operation,
             config.executor,
             meter_provider=self._meter_provider,
         )
+
+    def __call__(self, *, weight: int = 1, flow: Hashable = None) -> Any:
+        """`async with handle(weight=..., flow=...) as op:`: `operation(weight=, flow=)`."""
+        return self.operation(weight=weight, flow=flow)
 
     async def __aenter__(self) -> ResourcesOperation:
         operation = self.operation()
@@ -77,6 +90,38 @@ class OperationHandle:
         if not stack:
             del self._open[task]
         return operation
+
+
+class WeighedHold:
+    """`weight` of `limit` in `flow` for one block: the weight is capped at the limit's size
+    when the block is entered (a heavier one could never be admitted) and the same weight and
+    flow are released on exit."""
+
+    __slots__ = ("_flow", "_held", "_limit", "_weight")
+
+    def __init__(self, limit: Limit, weight: int, flow: Hashable) -> None:
+        named = f"operation limit {limit.limit_name!r}"
+        if isinstance(weight, bool) or not isinstance(weight, int):
+            raise TypeError(f"{named}: weight must be an int >= 1, got {weight!r}")
+        if weight < 1:
+            raise ValueError(f"{named}: weight must be an int >= 1, got {weight}")
+        try:
+            hash(flow)
+        except TypeError:
+            raise TypeError(f"{named}: flow must be hashable, got {flow!r}") from None
+        self._limit = limit
+        self._weight = weight
+        self._flow = flow
+        self._held = 0
+
+    async def __aenter__(self) -> None:
+        weight = min(self._weight, max(1, self._limit.limit))
+        await self._limit.acquire(weight, self._flow)
+        self._held = weight
+
+    async def __aexit__(self, *exc: object) -> None:
+        held, self._held = self._held, 0
+        self._limit.release(held, self._flow)
 
 
 def operation_limit(

@@ -1,5 +1,7 @@
 """Limits on the calls a server makes: one slot of a limit per attempt, retries that obey the
 server called, a retry budget and a deadline, for httpx (and so the openai client) and aiohttp.
+Each call may weigh more than one slot and belong to a flow (`weight=`, `flow=`;
+`weight=openai_tokens` prices an OpenAI-style body).
 
 `RetryPolicy` needs nothing but this package. `LimitedTransport` (httpx) and
 `limited_middleware` (aiohttp) import their library when first named here, so
@@ -10,9 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .bodies import MAX_JSON_BODY_BYTES, json_body, openai_tokens
 from .budget import RetryBudget
 from .calls import DeadlineExceeded
 from .retry import IDEMPOTENT_METHODS, RetryPolicy
+from .weights import RequestFlow, RequestWeight
 
 if TYPE_CHECKING:
     from .aiohttp import LimitedMiddleware, limited_middleware
@@ -20,13 +24,18 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IDEMPOTENT_METHODS",
+    "MAX_JSON_BODY_BYTES",
     "DeadlineExceeded",
     "DeadlineTimeout",
     "LimitedMiddleware",
     "LimitedTransport",
+    "RequestFlow",
+    "RequestWeight",
     "RetryBudget",
     "RetryPolicy",
+    "json_body",
     "limited_middleware",
+    "openai_tokens",
 ]
 
 _LAZY = {

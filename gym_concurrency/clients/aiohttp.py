@@ -25,6 +25,7 @@ from ..limits.adaptive import AdaptiveController
 from .adaptive import AdaptiveConfig
 from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
 from .retry import RetryPolicy, RetryReason
+from .weights import RequestFlow, RequestWeight
 
 __all__ = ["LimitedMiddleware", "limited_middleware"]
 
@@ -42,11 +43,22 @@ def limited_middleware(
     retry: RetryPolicy | None = None,
     adaptive: AdaptiveConfig | AdaptiveController | None = None,
     meter_provider: MeterProvider | None = None,
+    weight: RequestWeight = 1,
+    flow: RequestFlow = None,
 ) -> LimitedMiddleware:
     """A client middleware: each attempt takes one slot of `limit` and holds it until the
     response is read in full, released or closed; `retry` (None: one attempt) retries it;
-    `adaptive` (an AdaptiveLimit or a controller) moves the limit."""
-    return LimitedMiddleware(limit, retry=retry, adaptive=adaptive, meter_provider=meter_provider)
+    `adaptive` (an AdaptiveLimit or a controller) moves the limit. Each call asks for `weight`
+    of the limit in `flow`: constants, or functions of the `aiohttp.ClientRequest`
+    (`weight=openai_tokens` prices an OpenAI-style body); a weight over the limit is capped."""
+    return LimitedMiddleware(
+        limit,
+        retry=retry,
+        adaptive=adaptive,
+        meter_provider=meter_provider,
+        weight=weight,
+        flow=flow,
+    )
 
 
 class LimitedMiddleware(CallsView):
@@ -62,9 +74,17 @@ class LimitedMiddleware(CallsView):
         retry: RetryPolicy | None = None,
         adaptive: AdaptiveConfig | AdaptiveController | None = None,
         meter_provider: MeterProvider | None = None,
+        weight: RequestWeight = 1,
+        flow: RequestFlow = None,
     ) -> None:
         self.calls: LimitedCalls[_Call, ClientResponse] = LimitedCalls(
-            limit, _AiohttpExchange(), retry=retry, adaptive=adaptive, meter_provider=meter_provider
+            limit,
+            _AiohttpExchange(),
+            retry=retry,
+            adaptive=adaptive,
+            meter_provider=meter_provider,
+            weight=weight,
+            flow=flow,
         )
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
@@ -79,6 +99,9 @@ class _AiohttpExchange:
 
     def method(self, request: _Call) -> str:
         return request.request.method
+
+    def subject(self, request: _Call) -> ClientRequest:
+        return request.request
 
     async def send(self, request: _Call) -> ClientResponse:
         return await request.handler(request.request)

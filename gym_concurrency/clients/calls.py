@@ -6,9 +6,11 @@ headers, names a failure ("connection", "timeout" or not retryable), throws a re
 and hands the last response over holding its slot (`Slot.release()` once its body is read in
 full or it is closed). Everything else happens here:
 
-- each attempt waits for a slot of `limit` (its TimeoutError / QueueFullError /
+- each call asks for a weight and a flow (weights.py), and each attempt waits for that weight
+  of `limit` (capped at the limit's size) in that flow (its TimeoutError / QueueFullError /
   LimitUnavailableError reach the caller as the limit raises them, never retried), holds it
-  until its response is done with, and gives it back before any backoff;
+  until its response is done with, and gives back the same weight and flow before any
+  backoff, whichever path gives it back (the response, the leak guard, the client's close);
 - a retry happens only after the server's Retry-After, within `max_attempts`, the deadline
   and the retry budget; a denied retry ends the call with its last response (or error);
 - cancellation anywhere (waiting for a slot, in an attempt, reading a discarded body, backing
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Generic, Protocol, TypeVar
@@ -41,6 +43,7 @@ from .retry import (
     retry_after_seconds,
     server_says_retry,
 )
+from .weights import CallAsk, RequestFlow, RequestWeight
 
 __all__ = ["BodyDeadline", "CallsView", "DeadlineExceeded", "Exchange", "LimitedCalls", "Slot"]
 
@@ -63,15 +66,23 @@ class BodyDeadline:
 
 
 class Slot:
-    """One slot of the limit, held by one attempt. `release()` gives it back the first time
-    (later calls do nothing), first telling the adaptive limiter how long the attempt held it
-    and whether it ended in overload."""
+    """The `weight` of the limit one attempt holds, in `flow`. `release()` gives back that
+    weight in that flow the first time (later calls do nothing), first telling the adaptive
+    limiter how long the attempt held it and whether it ended in overload."""
 
-    __slots__ = ("_limit", "_limiter", "_started", "held", "overload")
+    __slots__ = ("_limit", "_limiter", "_started", "flow", "held", "overload", "weight")
 
-    def __init__(self, limit: Limit, limiter: AdaptiveLimiter | None) -> None:
+    def __init__(
+        self,
+        limit: Limit,
+        limiter: AdaptiveLimiter | None,
+        weight: int = 1,
+        flow: Hashable = None,
+    ) -> None:
         self._limit = limit
         self._limiter = limiter
+        self.weight = weight
+        self.flow = flow
         self._started = perf_counter() if limiter is not None else 0.0
         self.held = True
         self.overload = False  # set from the attempt's outcome, read at release
@@ -87,13 +98,17 @@ class Slot:
             if limiter is not None and measured:
                 limiter.record(self._started, perf_counter(), self.overload)
         finally:
-            self._limit.release()
+            self._limit.release(self.weight, self.flow)
 
 
 class Exchange(Protocol[_Request, ResponseT]):
     """What a transport adapter translates for the call loop."""
 
     def method(self, request: _Request) -> str: ...
+
+    def subject(self, request: _Request) -> Any:
+        """The request a weight or flow function is called with (the library's own)."""
+        ...
 
     async def send(self, request: _Request) -> ResponseT:
         """One attempt: the response once its status and headers have arrived."""
@@ -135,7 +150,8 @@ class Exchange(Protocol[_Request, ResponseT]):
 
 class LimitedCalls(Generic[RequestT, ResponseT]):
     """Outbound calls through one limit, retried by one policy (None: one attempt each), with
-    one retry budget, adaptive limiter and set of metrics for all of them."""
+    one retry budget, adaptive limiter and set of metrics for all of them; each call asks for
+    `weight` in `flow` (constants, or functions of the request: see weights.py)."""
 
     __slots__ = (
         "__weakref__",
@@ -143,6 +159,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
         "_exchange",
         "_metrics",
         "_overload",
+        "ask",
         "limit",
         "limiter",
         "retry",
@@ -156,6 +173,8 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
         retry: RetryPolicy | None = None,
         adaptive: AdaptiveConfig | AdaptiveController | None = None,
         meter_provider: MeterProvider | None = None,
+        weight: RequestWeight = 1,
+        flow: RequestFlow = None,
     ) -> None:
         if not all(hasattr(limit, name) for name in ("acquire", "try_acquire", "release")):
             raise TypeError(
@@ -166,6 +185,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
             raise TypeError(f"retry must be a RetryPolicy or None, got {retry!r}")
         self.limit = limit
         self.retry = retry
+        self.ask = CallAsk(limit, weight, flow)
         self._exchange = exchange
         self.limiter, self._overload = adaptive_limiter(limit, adaptive)
         self._budget = (
@@ -193,6 +213,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
     async def call(self, request: RequestT) -> ResponseT:
         """Send `request`, retried as the policy says; the last response, unchanged, holding
         its slot until its body is read in full or it is closed."""
+        weight, flow = self.ask.of(self._exchange.subject(request))
         policy = self.retry
         deadline = None
         if policy is not None and policy.deadline_seconds is not None:
@@ -201,7 +222,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
             self._budget.first_attempt()
         attempt = 1
         while True:
-            slot = await self._take_slot(request, deadline)
+            slot = await self._take_slot(request, deadline, weight, flow)
             try:
                 response = await self._send(request, deadline)
             except Exception as error:
@@ -218,20 +239,23 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
             await asyncio.sleep(delay)  # holding no slot
             attempt += 1
 
-    async def _take_slot(self, request: RequestT, deadline: float | None) -> Slot:
+    async def _take_slot(
+        self, request: RequestT, deadline: float | None, weight: int, flow: Hashable
+    ) -> Slot:
         limit = self.limit
+        weight = self.ask.capped_weight(weight)  # by the limit's size now: it may move
         if deadline is None:
-            await limit.acquire()
+            await limit.acquire(weight, flow)
         else:
             timeout = asyncio.timeout_at(deadline)
             try:
                 async with timeout:
-                    await limit.acquire()  # cut off, it leaves the queue (counted cancelled)
+                    await limit.acquire(weight, flow)  # cut off, it leaves the queue
             except TimeoutError:
                 if timeout.expired():
                     raise self._deadline_error(request) from None
                 raise  # the limit's own timeout
-        return Slot(limit, self.limiter)
+        return Slot(limit, self.limiter, weight, flow)
 
     async def _send(self, request: RequestT, deadline: float | None) -> ResponseT:
         if deadline is None:
@@ -356,6 +380,11 @@ class CallsView:
     def retry(self) -> RetryPolicy | None:
         """The retry policy (None: one attempt per call)."""
         return self.calls.retry
+
+    @property
+    def weights_capped(self) -> int:
+        """Attempts that asked for more weight than the limit's size, and took all of it."""
+        return self.calls.ask.capped
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} limit={self.limit!r} retry={self.retry!r}>"

@@ -27,6 +27,7 @@ from .adaptive import AdaptiveConfig
 from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
 from .leaks import guard_slot
 from .retry import RetryPolicy, RetryReason
+from .weights import RequestFlow, RequestWeight
 
 __all__ = ["DeadlineTimeout", "LimitedTransport"]
 
@@ -44,7 +45,9 @@ class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
     """An httpx transport around `transport` (default `httpx.AsyncHTTPTransport()`): each
     attempt takes one slot of `limit` and holds it until the response body has been read in
     full or the response closed (a streamed body keeps it); `retry` (None: one attempt)
-    retries it; `adaptive` (an AdaptiveLimit or a controller) moves the limit."""
+    retries it; `adaptive` (an AdaptiveLimit or a controller) moves the limit. Each call asks
+    for `weight` of the limit in `flow`: constants, or functions of the `httpx.Request`
+    (`weight=openai_tokens` prices an OpenAI-style body); a weight over the limit is capped."""
 
     def __init__(
         self,
@@ -54,6 +57,8 @@ class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
         adaptive: AdaptiveConfig | AdaptiveController | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         meter_provider: MeterProvider | None = None,
+        weight: RequestWeight = 1,
+        flow: RequestFlow = None,
     ) -> None:
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
         self._exchange = _HttpxExchange(self.transport)
@@ -63,6 +68,8 @@ class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
             retry=retry,
             adaptive=adaptive,
             meter_provider=meter_provider,
+            weight=weight,
+            flow=flow,
         )
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -71,7 +78,7 @@ class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         """Close the wrapped transport; slots still held by responses not closed (a stream
-        abandoned unread) come back now."""
+        abandoned unread) come back now, each the weight and flow it took."""
         for stream in list(self._exchange.streams):
             stream.give_back()
         await self.transport.aclose()
@@ -88,6 +95,9 @@ class _HttpxExchange:
 
     def method(self, request: httpx.Request) -> str:
         return request.method
+
+    def subject(self, request: httpx.Request) -> httpx.Request:
+        return request
 
     async def send(self, request: httpx.Request) -> httpx.Response:
         return await self.transport.handle_async_request(request)

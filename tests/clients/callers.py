@@ -9,7 +9,12 @@ from typing import Any
 import aiohttp
 import httpx
 
-from gym_concurrency.clients import LimitedTransport, RetryPolicy, limited_middleware
+from gym_concurrency.clients import (
+    LimitedMiddleware,
+    LimitedTransport,
+    RetryPolicy,
+    limited_middleware,
+)
 
 __all__ = ["KINDS", "Caller"]
 
@@ -17,23 +22,32 @@ KINDS = ("httpx", "aiohttp")
 
 
 class Caller:
-    """A client of `kind` whose calls go through `limit`; `get(path)` reads the whole body
-    and answers (status, body)."""
+    """A client of `kind` whose calls go through `limit` (`kw`: the transport's or middleware's
+    other arguments); `get(path)` reads the whole body and answers (status, body)."""
 
     def __init__(self, kind: str, url: str, limit: Any, retry: RetryPolicy | None, **kw: Any):
         self.kind = kind
+        self.view: LimitedTransport | LimitedMiddleware  # its limit, policy and counts
         if kind == "httpx":
-            transport = LimitedTransport(limit, retry=retry, **kw)
+            self.view = transport = LimitedTransport(limit, retry=retry, **kw)
             self._httpx = httpx.AsyncClient(transport=transport, base_url=url, timeout=30)
         else:
-            middleware = limited_middleware(limit, retry=retry, **kw)
+            self.view = middleware = limited_middleware(limit, retry=retry, **kw)
             self._aiohttp = aiohttp.ClientSession(base_url=url, middlewares=(middleware,))
 
-    async def get(self, path: str) -> tuple[int, bytes]:
+    async def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         if self.kind == "httpx":
-            response = await self._httpx.get(path)
+            response = await self._httpx.get(path, headers=headers)
             return response.status_code, response.content
-        async with self._aiohttp.get(path) as reply:
+        async with self._aiohttp.get(path, headers=headers) as reply:
+            return reply.status, await reply.read()
+
+    async def post(self, path: str, json: Any) -> tuple[int, bytes]:
+        """POST `json` as the body (in memory: weight and flow functions can read it)."""
+        if self.kind == "httpx":
+            response = await self._httpx.post(path, json=json)
+            return response.status_code, response.content
+        async with self._aiohttp.post(path, json=json) as reply:
             return reply.status, await reply.read()
 
     async def __aenter__(self) -> Caller:

@@ -58,10 +58,12 @@ def name(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 async def limit(name: str) -> AsyncIterator[MeteredSemaphore]:
-    """A named limit of 4 slots; after the test it must hold none and queue none."""
+    """A named limit of 4 slots; after the test it must hold none and queue none, in any
+    flow (a weight given back in another flow than it was taken would show here)."""
     semaphore = MeteredSemaphore(4, component=name, limit_name="judge", server="resources")
     yield semaphore
     assert (semaphore.active, semaphore.queue_depth) == (0, 0), "a slot leaked"
+    assert semaphore.flow_statistics() == [], "a flow still holds weight"
 
 
 @pytest.fixture(autouse=True)

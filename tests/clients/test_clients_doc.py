@@ -3,6 +3,7 @@ call through its limit against a real upstream that answers 429 with Retry-After
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,9 @@ import pytest
 from gym_concurrency.middleware import ConcurrencySettings
 
 from gym_concurrency import MeteredSemaphore
+from gym_concurrency.limits import FlowStatistics
 from tests.clients.upstream import Reply, Upstream
-from tests.servers import UvicornServer
+from tests.servers import UvicornServer, eventually
 from tests.shared.redis_server import RedisServer
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "clients.md"
@@ -33,6 +35,7 @@ def test_every_block_has_a_test() -> None:
         "async def judge(",
         "async def grade(",
         "grade_with_aiohttp",
+        "weighed_judge",
         "shared_judge",
         "outbound_refused",
         "adaptive_limit",
@@ -83,6 +86,21 @@ async def test_aiohttp(upstream: Upstream) -> None:
     assert (await doc["grade_with_aiohttp"]("4"))["choices"]
     assert len(upstream.attempts()) == 2
     assert doc["judge_middleware"].limit.active == 0
+
+
+async def test_weights_and_flows(upstream: Upstream) -> None:
+    rate_limited_once(upstream)
+    upstream.script("/v1/chat/completions", Reply(delay=0.3))
+    doc = run("weighed_judge", JUDGE_URL=upstream.url)
+    limit: MeteredSemaphore = doc["tokens_limit"]
+    grading = asyncio.create_task(doc["grade_fairly"]("math", "4"))
+    await eventually(lambda: upstream.answering(2), "the retry to reach the upstream")
+    # "Grade: 4" and the role "user": 12 characters, 3 tokens; and max_tokens 256.
+    assert limit.flow_statistics() == [FlowStatistics("math", 3 + 256, 0, 0)]
+    assert await grading == "ok"
+    assert len(upstream.attempts()) == 2
+    assert (limit.active, limit.flow_statistics()) == (0, [])
+    await doc["weighed_judge"].close()
 
 
 async def test_one_limit_across_replicas(upstream: Upstream, redis_server: RedisServer) -> None:

@@ -73,6 +73,12 @@ class Upstream:
         with self._lock:
             return [a for a in self._attempts if path is None or a.path == path]
 
+    def answering(self, number: int) -> bool:
+        """Whether attempt `number` (1 for the first, on any path) has arrived and its answer
+        not started yet: its caller holds its slot (`active` may still count one just done)."""
+        seen = self.attempts()
+        return len(seen) >= number and seen[number - 1].answered is None
+
     def gaps(self, path: str) -> list[float]:
         """Seconds from each answer on `path` to the next attempt's arrival."""
         seen = self.attempts(path)
