@@ -1,0 +1,126 @@
+"""What one outbound call asks of its limit: a `weight` (an int >= 1; default 1) and a `flow`
+(any hashable; default None, the default flow), each a constant or a function of the outgoing
+request (an `httpx.Request`, or the `aiohttp.ClientRequest` the middleware sees), called once
+per call, before its first attempt.
+
+`weight=openai_tokens` (from gym_concurrency.clients, or gym_concurrency.tokens: either is
+taken as the request pricer) prices an OpenAI-style JSON body in tokens. A callable flow is
+always a function: to use a callable object itself as the flow, wrap it in a lambda.
+
+Each attempt takes its weight, capped at the limit's size then (a call heavier than the whole
+limit could never be admitted): a capped attempt is counted, and the first is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from .. import tokens
+from ..limits import Limit
+from . import bodies
+
+__all__ = ["CallAsk", "RequestFlow", "RequestWeight"]
+
+RequestWeight = int | Callable[[Any], int]
+"""`weight=`: an int >= 1, or a function of the outgoing request returning one."""
+RequestFlow = Hashable | Callable[[Any], Hashable]
+"""`flow=`: a hashable (None: the default flow), or a function of the outgoing request."""
+
+_log = logging.getLogger("gym_concurrency.clients")
+
+
+class CallAsk:
+    """The weight and flow of a client's calls, checked when the client is made; `of(request)`
+    reads one call's, `capped_weight(weight)` caps an attempt's at the limit's size now."""
+
+    __slots__ = ("_flow", "_flow_of", "_limit", "_weight", "_weight_of", "capped")
+
+    def __init__(self, limit: Limit, weight: RequestWeight = 1, flow: RequestFlow = None) -> None:
+        self._limit = limit
+        if weight is tokens.openai_tokens:  # it prices a parsed body: price the request's
+            weight = bodies.openai_tokens
+        self._weight_of: Callable[[Any], int] | None = None
+        self._weight = 1
+        if callable(weight):
+            self._weight_of = weight
+        else:
+            self._weight = _checked_weight(weight)
+        self._flow_of: Callable[[Any], Hashable] | None = None
+        self._flow: Hashable = None
+        if callable(flow):
+            self._flow_of = flow
+        else:
+            self._flow = _checked_flow(flow)
+        self.capped = 0  # attempts whose weight was more than the limit, capped at it
+
+    def of(self, request: Any) -> tuple[int, Hashable]:
+        """(weight, flow) of the call sending `request`; TypeError / ValueError naming the
+        function if one returns something that is not a weight (an int >= 1) or a flow (a
+        hashable). What a function raises reaches the caller as it raised it."""
+        weight, flow = self._weight, self._flow
+        if self._weight_of is not None:
+            weight = _checked_weight(self._weight_of(request), self._weight_of, request)
+        if self._flow_of is not None:
+            flow = _checked_flow(self._flow_of(request), self._flow_of, request)
+        return weight, flow
+
+    def capped_weight(self, weight: int) -> int:
+        """`weight`, or the limit's size now if it is less (at least 1): counted, and the
+        first capped attempt of this client is logged."""
+        if weight == 1:
+            return 1  # fits any limit (a limit of 0 makes it wait, as ever)
+        ceiling = max(1, self._limit.limit)
+        if weight <= ceiling:
+            return weight
+        if not self.capped:
+            _log.warning(
+                "gym_concurrency: limit %r: an outbound call asked for weight %d, more than the "
+                "limit %d; capped at the limit (counted, and logged only this once)",
+                self._limit.limit_name or self._limit,
+                weight,
+                ceiling,
+            )
+        self.capped += 1
+        return ceiling
+
+    def __repr__(self) -> str:
+        weight = self._weight_of or self._weight
+        flow = self._flow_of or self._flow
+        return f"<CallAsk weight={weight!r} flow={flow!r}>"
+
+
+def _checked_weight(
+    value: object, function: Callable[[Any], int] | None = None, request: Any = None
+) -> int:
+    error: type[Exception]
+    if isinstance(value, bool) or not isinstance(value, int):
+        error = TypeError
+    elif value < 1:
+        error = ValueError
+    else:
+        return value
+    if function is None:
+        raise error(f"weight= must be an int >= 1 or a function of the request, got {value!r}")
+    raise error(f"{_returned('weight', function, request, value)}: a weight is an int >= 1")
+
+
+def _checked_flow(
+    value: object, function: Callable[[Any], Hashable] | None = None, request: Any = None
+) -> Hashable:
+    try:
+        hash(value)
+    except TypeError:
+        if function is None:
+            message = f"flow= must be hashable or a function of the request, got {value!r}"
+        else:
+            message = f"{_returned('flow', function, request, value)}: a flow is hashable"
+        raise TypeError(message) from None
+    return value
+
+
+def _returned(what: str, function: Callable[[Any], object], request: Any, value: object) -> str:
+    name = getattr(function, "__qualname__", None) or repr(function)
+    method, url = getattr(request, "method", "?"), getattr(request, "url", "?")
+    return f"the {what} function {name} returned {value!r} for {method} {url}"
