@@ -28,6 +28,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from opentelemetry.metrics import MeterProvider
 
+from ..deadline import deadline_remaining
 from ..limits import Limit
 from ..limits.adaptive import AdaptiveController, AdaptiveLimiter
 from .adaptive import AdaptiveConfig, adaptive_limiter
@@ -53,7 +54,25 @@ _Request = TypeVar("_Request", contravariant=True)
 
 
 class DeadlineExceeded(TimeoutError):
-    """The call's `deadline_seconds` ran out while it waited for a slot or for a response."""
+    """The call's deadline (its `deadline_seconds`, or what was left of the request's deadline)
+    ran out while it waited for a slot or for a response."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallDeadline:
+    """When a call must be done (loop time) and the bound it came from, in seconds: the call's
+    own `deadline_seconds` or what was left of the request's deadline, whichever is sooner."""
+
+    at: float
+    seconds: float
+
+    @classmethod
+    def of(cls, own: float | None) -> CallDeadline | None:
+        """The deadline of a call starting now, or None if nothing bounds it."""
+        seconds = deadline_remaining(own)
+        if seconds is None:
+            return None
+        return cls(asyncio.get_running_loop().time() + seconds, round(seconds, 3))
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,9 +234,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
         its slot until its body is read in full or it is closed."""
         weight, flow = self.ask.of(self._exchange.subject(request))
         policy = self.retry
-        deadline = None
-        if policy is not None and policy.deadline_seconds is not None:
-            deadline = asyncio.get_running_loop().time() + policy.deadline_seconds
+        deadline = CallDeadline.of(None if policy is None else policy.deadline_seconds)
         if self._budget is not None:
             self._budget.first_attempt()
         attempt = 1
@@ -240,44 +257,46 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
             attempt += 1
 
     async def _take_slot(
-        self, request: RequestT, deadline: float | None, weight: int, flow: Hashable
+        self, request: RequestT, deadline: CallDeadline | None, weight: int, flow: Hashable
     ) -> Slot:
         limit = self.limit
         weight = self.ask.capped_weight(weight)  # by the limit's size now: it may move
         if deadline is None:
             await limit.acquire(weight, flow)
         else:
-            timeout = asyncio.timeout_at(deadline)
+            timeout = asyncio.timeout_at(deadline.at)
             try:
                 async with timeout:
                     await limit.acquire(weight, flow)  # cut off, it leaves the queue
             except TimeoutError:
                 if timeout.expired():
-                    raise self._deadline_error(request) from None
+                    raise self._deadline_error(request, deadline.seconds) from None
                 raise  # the limit's own timeout
         return Slot(limit, self.limiter, weight, flow)
 
-    async def _send(self, request: RequestT, deadline: float | None) -> ResponseT:
+    async def _send(self, request: RequestT, deadline: CallDeadline | None) -> ResponseT:
         if deadline is None:
             return await self._exchange.send(request)
-        timeout = asyncio.timeout_at(deadline)
+        timeout = asyncio.timeout_at(deadline.at)
         try:
             async with timeout:
                 return await self._exchange.send(request)
         except TimeoutError:
             if timeout.expired():
-                raise self._deadline_error(request) from None
+                raise self._deadline_error(request, deadline.seconds) from None
             raise
 
-    def _deadline_error(self, request: RequestT, part: str = "response") -> DeadlineExceeded:
-        seconds = self.retry.deadline_seconds if self.retry is not None else None
-        assert seconds is not None, "only a call with a deadline is cut off by one"
+    def _deadline_error(
+        self, request: RequestT, seconds: float, part: str = "response"
+    ) -> DeadlineExceeded:
         return self._exchange.deadline_exceeded(request, seconds, part)
 
-    def _body(self, request: RequestT, deadline: float | None) -> BodyDeadline | None:
+    def _body(self, request: RequestT, deadline: CallDeadline | None) -> BodyDeadline | None:
         if deadline is None:
             return None
-        return BodyDeadline(deadline, lambda: self._deadline_error(request, "whole body"))
+        return BodyDeadline(
+            deadline.at, lambda: self._deadline_error(request, deadline.seconds, "whole body")
+        )
 
     def _after_error(
         self,
@@ -285,7 +304,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
         slot: Slot,
         error: Exception,
         attempt: int,
-        deadline: float | None,
+        deadline: CallDeadline | None,
     ) -> float | None:
         """Release the attempt's slot; the delay before a retry, or None to raise `error`."""
         reason = None if isinstance(error, DeadlineExceeded) else self._exchange.failure(error)
@@ -308,7 +327,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
         response: ResponseT,
         slot: Slot,
         attempt: int,
-        deadline: float | None,
+        deadline: CallDeadline | None,
     ) -> float | None:
         """The delay before a retry (the response thrown away, its slot released), or None:
         this response is the call's answer."""
@@ -341,7 +360,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
         request: RequestT,
         attempt: int,
         delay: float,
-        deadline: float | None,
+        deadline: CallDeadline | None,
         retry_after_too_long: bool = False,
     ) -> bool:
         """Whether the retry after `attempt` may be made after `delay`; a denial is counted."""
@@ -353,7 +372,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
             denied = "attempts"
         elif retry_after_too_long:
             denied = "retry_after_too_long"
-        elif deadline is not None and asyncio.get_running_loop().time() + delay >= deadline:
+        elif deadline is not None and asyncio.get_running_loop().time() + delay >= deadline.at:
             denied = "deadline"
         elif not self._exchange.replayable(request):
             return False  # a one-shot body: nothing to resend (not a denial)
