@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.metrics import MeterProvider
 
 from gym_concurrency.clients import RetryPolicy
+from gym_concurrency.clients.weights import RequestFlow, RequestWeight
 from gym_concurrency.limits import Limit
 from gym_concurrency.limits.adaptive import AdaptiveController, make_controller
 
@@ -58,9 +59,16 @@ class LimitedClient:
     def limit_name(self) -> str:
         return self.config.limit_name
 
-    def transport(self, transport: httpx.AsyncBaseTransport | None = None) -> LimitedTransport:
+    def transport(
+        self,
+        transport: httpx.AsyncBaseTransport | None = None,
+        *,
+        weight: RequestWeight = 1,
+        flow: RequestFlow = None,
+    ) -> LimitedTransport:
         """A LimitedTransport (needs httpx) around `transport` (default: a new
-        `httpx.AsyncHTTPTransport()`) for `httpx.AsyncClient(transport=...)`."""
+        `httpx.AsyncHTTPTransport()`) for `httpx.AsyncClient(transport=...)`; each call asks
+        for `weight` in `flow` (docs/clients.md)."""
         from gym_concurrency.clients.httpx import LimitedTransport
 
         made = LimitedTransport(
@@ -69,12 +77,17 @@ class LimitedClient:
             adaptive=self.controller,
             transport=transport,
             meter_provider=self.meter_provider,
+            weight=weight,
+            flow=flow,
         )
         self._calls.add(made.calls)
         return made
 
-    def middleware(self) -> LimitedMiddleware:
-        """An aiohttp client middleware (needs aiohttp) for `ClientSession(middlewares=...)`."""
+    def middleware(
+        self, *, weight: RequestWeight = 1, flow: RequestFlow = None
+    ) -> LimitedMiddleware:
+        """An aiohttp client middleware (needs aiohttp) for `ClientSession(middlewares=...)`;
+        each call asks for `weight` in `flow`."""
         from gym_concurrency.clients.aiohttp import LimitedMiddleware
 
         made = LimitedMiddleware(
@@ -82,6 +95,8 @@ class LimitedClient:
             retry=self.retry,
             adaptive=self.controller,
             meter_provider=self.meter_provider,
+            weight=weight,
+            flow=flow,
         )
         self._calls.add(made.calls)
         return made

@@ -201,3 +201,20 @@ async def test_a_global_client_limit_spans_two_servers(
         assert isinstance(limited_client(first, "judge").limit, SharedLimit)
     for app in (first, second):
         app.state.clients.clear()
+
+
+async def test_a_configured_client_limit_makes_transports_with_a_weight_and_flow(
+    upstream: Upstream, served_app: tuple[FastAPI, str]
+):
+    app, _ = served_app
+    judge = limited_client(app, "judge")  # the app has started: served_app built it
+    upstream.script("/judge", Reply(delay=0.3))
+    transport = judge.transport(weight=2, flow=lambda request: request.headers["x-env"])
+    async with httpx.AsyncClient(base_url=upstream.url, transport=transport) as client:
+        call = asyncio.create_task(client.post("/judge", headers={"x-env": "math"}))
+        while upstream.active == 0:  # noqa: ASYNC110 - the upstream runs in uvicorn's thread
+            await asyncio.sleep(0.005)
+        held = {(s.flow, s.held) for s in judge.limit.flow_statistics()}
+        assert (await call).status_code == 200
+    assert held == {("math", 2)}
+    assert judge.limit.flow_statistics() == []
