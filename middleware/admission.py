@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gym_concurrency import LimitConfigurationError
 from gym_concurrency.deadline import within_deadline
 
-from .asks import RouteAsk
+from .asks import RouteAsk, unread_length
 from .body import QueuedBodies, QueuedRequest
 from .dependencies import check_operation_names
 from .failures import send_misconfigured
@@ -165,9 +165,14 @@ class ConcurrencyLimitMiddleware:
             ahead = QueuedRequest(receive, queued.max_body_bytes, queued.bodies)
             receive = ahead.receive  # the app still gets every byte, read ahead or not
         try:
+            unread = 0
             if ahead is not None:
                 body = await ahead.read_ahead()
-            weight, flow = ask(scope, body)
+                unread = 0 if body is not None else unread_length(scope, ahead.size, ahead.complete)
+                if self._queued.draining:  # it began draining while the body was read
+                    await self._queued.refuse_now(route, scope, receive, send)
+                    return
+            weight, flow = ask(scope, body, unread)
             deadline = ask.deadline(scope)
             with within_deadline(_deadline_at(scope, deadline)):
                 await self._admit_asking(app, route, (weight, flow), deadline, scope, receive, send)
@@ -288,7 +293,8 @@ class ConcurrencyLimitMiddleware:
         if self._queued.draining:
             return
         refused = self._queued.drain()
-        _log.warning(
+        _log.log(
+            logging.WARNING if refused else logging.INFO,
             "gym_concurrency: draining (shutting down): %d queued requests refused; admitted "
             "requests finish, new ones are refused",
             refused,

@@ -29,7 +29,7 @@ from gym_concurrency.tokens import openai_tokens
 from .routing import routed_path
 from .settings import RouteLimit
 
-__all__ = ["MAX_FLOW_CHARACTERS", "RouteAsk", "route_ask"]
+__all__ = ["MAX_FLOW_CHARACTERS", "RouteAsk", "route_ask", "unread_length"]
 
 _log = logging.getLogger("gym_concurrency.middleware")
 
@@ -48,9 +48,11 @@ class RouteAsk:
 
     __slots__ = (
         "_deadline_header",
+        "_floor",
         "_flow_of",
         "_limit",
         "_name",
+        "_unread_output",
         "_weight_of",
         "capped",
         "reads_body",
@@ -61,6 +63,13 @@ class RouteAsk:
         self._limit = limit
         self._flow_of = _flow_reader(config)
         self._weight_of = _weight_reader(config)
+        # A body too long to read ahead is priced by its length (openai_tokens only).
+        self._unread_output = (
+            config.default_output_tokens if config.weight == "openai_tokens" else None
+        )
+        # An adaptive limit may shrink under a waiter: cap at its floor, which it never goes
+        # below, so a capped request always fits once the limit is idle.
+        self._floor = None if config.adaptive is None else config.adaptive.min_concurrent
         self.reads_body = _reads_body(config.flow) or _reads_body(config.weight)
         self.capped = 0  # requests whose weight was more than the limit
         deadline = config.deadline
@@ -75,11 +84,15 @@ class RouteAsk:
             return None
         return float(value) / 1000.0
 
-    def __call__(self, scope: Scope, body: bytes | None) -> tuple[int, Hashable]:
-        """(weight, flow) of the request with `scope` and (if `reads_body`) `body`."""
+    def __call__(self, scope: Scope, body: bytes | None, unread: int = 0) -> tuple[int, Hashable]:
+        """(weight, flow) of the request with `scope` and (if `reads_body`) `body`; `unread`:
+        the length of a body the bounds kept from being read in full (else 0)."""
         parsed = _parse(body) if self.reads_body else _MISSING
-        weight = self._weight_of(scope, parsed)
-        ceiling = max(1, self._limit.limit)
+        if unread and self._unread_output is not None:
+            weight = math.ceil(unread / 4) + self._unread_output
+        else:
+            weight = self._weight_of(scope, parsed)
+        ceiling = max(1, self._limit.limit if self._floor is None else self._floor)
         if weight > ceiling:
             if not self.capped:
                 _log.warning(
@@ -111,7 +124,7 @@ def _parse(body: bytes | None) -> Body:
         return _MISSING
     try:
         return json.loads(body)
-    except ValueError:  # not JSON (or not UTF-8): as if missing
+    except (ValueError, RecursionError):  # not JSON (or not UTF-8, or nested too deep)
         return _MISSING
 
 
@@ -166,6 +179,16 @@ def _count(value: object) -> int:
     if not math.isfinite(value) or value < 1:
         return 1
     return math.ceil(value)
+
+
+def unread_length(scope: Scope, read: int, complete: bool) -> int:
+    """The length of a body not read in full: its Content-Length, else what was read."""
+    if complete:
+        return 0
+    declared = _header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and len(declared) <= 15:
+        return max(read, int(declared))
+    return read
 
 
 def _header(scope: Scope, key: bytes) -> bytes | None:

@@ -14,6 +14,7 @@ from collections.abc import Hashable
 from typing import ClassVar, Literal
 
 from ..deadline import deadline_remaining
+from .deadlines import check_deadline
 from .flows import FlowStatistics
 from .limit import (
     Admission,
@@ -206,6 +207,8 @@ class LimitBase:
         """Take `weight` for `flow`, waiting in fair order at most `timeout` or `deadline`
         seconds (the sooner); raises TimeoutError, QueueFullError, LimitUnavailableError, or
         cancels (leaving the queue)."""
+        if deadline is not None:
+            check_deadline(type(self).__name__, deadline)
         if not self.try_acquire(weight, flow):
             if deadline is None:  # what is left of the request's, if one is being handled
                 deadline = deadline_remaining()

@@ -35,12 +35,18 @@ class OwnDeadlines:
     """The timers of waiters that have a deadline sooner than the limit's timeout, and how
     fast the limit hands weight to waiters (per second, over the last second or two)."""
 
-    __slots__ = ("_rate", "_since", "timers")
+    __slots__ = ("_busy_since", "_rate", "timers")
 
     def __init__(self) -> None:
         self.timers: dict[Waiter, asyncio.TimerHandle] = {}
         self._rate = DrainRate(low=0)
-        self._since = perf_counter()  # the rate means something once a whole second is seen
+        # Hand-overs happen only while waiters queue: the rate means something once its whole
+        # window (the last full second and this one) lies within one stretch of queueing.
+        self._busy_since = perf_counter()
+
+    def queue_started(self) -> None:
+        """The limit's queue was empty and has a waiter again: a new stretch of queueing."""
+        self._busy_since = perf_counter()
 
     def arm(self, waiter: Waiter, seconds: float, expire: Callable[[Waiter], None]) -> None:
         """Call `expire(waiter)` in `seconds` unless `disarm(waiter)` runs first."""
@@ -59,11 +65,11 @@ class OwnDeadlines:
 
     def hopeless(self, ahead: int, seconds: float) -> bool:
         """True if `ahead` weight (the waiter's own included) cannot be handed out within
-        `seconds` at the measured rate; never before a whole second has been measured."""
+        `seconds` at the measured rate; never before the queue has stood for two seconds."""
         if seconds <= 0:
             return True
         now = perf_counter()
-        if now - self._since < _WARM_UP_SECONDS:
+        if now - self._busy_since < _WARM_UP_SECONDS:
             return False
         rate = self._rate.per_second(now)
         return rate > 0 and ahead / rate > seconds

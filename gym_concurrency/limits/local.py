@@ -115,14 +115,20 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     def flow_statistics(self) -> list[FlowStatistics]:
         """Every flow that holds weight or waits now (the default flow is None); read at
         export, from the exporter's thread too (each dict is copied at once)."""
+        # The default flow's weight is `_active` less the named flows'. The loop raises a named
+        # flow's count before `_active` and lowers `_active` first; read on either side of the
+        # counts, the smaller `_active` can only under-count the default flow (another thread
+        # reading mid-change), never show weight it does not hold.
+        before = self._active
+        held = dict(self._held)
+        default = max(0, min(before, self._active) - sum(held.values()))
         waiting = {flow: (n, w) for flow, n, w in self._flows.flows()}
         if not self._flows and self._queue:
             waiting[None] = (len(self._queue), len(self._queue))
-        held = dict(self._held)
+        if default:
+            held[None] = default
         flows = set(held) | set(waiting)
-        if self._active > self._held_by_flows:
-            flows.add(None)
-        return [FlowStatistics(f, self._held_by(f), *waiting.get(f, (0, 0))) for f in flows]
+        return [FlowStatistics(f, held.get(f, 0), *waiting.get(f, (0, 0))) for f in flows]
 
     def locked(self) -> bool:
         """True if `acquire()` would wait (or fail) rather than take a slot at once."""
@@ -158,9 +164,9 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             return False
         self._check_weight(weight)
         if self._active + weight <= self._limit and not self._queue and not self._handed:
-            self._active += weight
-            if flow is not None:
+            if flow is not None:  # a flow's count first: see flow_statistics()
                 self._take(flow, weight)
+            self._active += weight
             return True
         return False
 
@@ -191,6 +197,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             if self._timer is None:
                 self._timer = loop.call_at(deadline_at, self._expire)
         self._queue[waiter] = deadline_at
+        if self._deadlines is not None and len(self._queue) == 1:
+            self._deadlines.queue_started()
         if deadline is not None and (self._timeout is None or deadline < self._timeout):
             self._own_deadlines().arm(waiter, deadline, self._expire_one)
         if weight != 1 or flow is not None or self._flows:
@@ -293,8 +301,10 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             self._check_weight(weight, limit=False)
             if self._held_by(flow) < weight:
                 raise self._not_held(weight, flow)
-            if flow is not None:
+            if flow is not None:  # `_active` first: see flow_statistics()
+                self._active -= weight
                 self._take(flow, -weight)
+                weight = 0
         self._active -= weight
         if self._queue:
             if self._flows:
@@ -354,9 +364,9 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             if waiter.done():  # cancelled with its task, which counts it when it leaves
                 self._unqueue(waiter)
                 continue
-            self._active += weight
-            if flow is not None:
+            if flow is not None:  # a flow's count first: see flow_statistics()
                 self._take(flow, weight)
+            self._active += weight
             self._unqueue(waiter)  # its flow's next head is offered at the new held weight
             self._handed[waiter] = (weight, flow)
             if self._deadlines is not None:
@@ -372,6 +382,16 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             handed.pop(waiter, None)
             if self._queue:
                 self._admit_waiters()
+
+    def refuse(self, waiter: Waiter) -> bool:
+        """End a queued `waiter`'s wait with "unavailable" (shutting down; uncounted): True if
+        it was queued. Capacity held for it is passed on to nobody: the server is draining."""
+        if waiter not in self._queue:
+            return False
+        self._unqueue(waiter)
+        if not waiter.done():
+            waiter.set_result("unavailable")
+        return True
 
     def _give_back(self, waiter: Waiter) -> None:
         ask = self._handed.pop(waiter, None)

@@ -157,3 +157,31 @@ async def test_a_wait_inside_a_request_with_a_deadline_ends_with_it() -> None:
     sem.release()
     await waiting
     assert (sem.admission_timeouts, timers(sem)) == (2, 0)
+
+
+async def test_no_early_refusal_at_the_onset_of_queueing() -> None:
+    # The rate is of hand-overs, which happen only while waiters queue: right after a queue
+    # forms it would read far too low, so nothing is refused early until it has stood 2 s.
+    sem = MeteredSemaphore(100)
+    await sem.acquire(weight=100)
+    seen = asyncio.ensure_future(sem.acquire(deadline=5.0))  # a deadline seen: measured
+    await settle()
+    sem.release(weight=100)
+    await seen
+    sem.release()
+    await asyncio.sleep(2.5)  # idle
+
+    async def hold(i: int) -> None:
+        async with sem:
+            await asyncio.sleep(0.3 + i * 0.005)
+
+    holders = [asyncio.create_task(hold(i)) for i in range(160)]  # 60 queue behind 100
+    await asyncio.sleep(0.35)
+    started = time.monotonic()
+    assert await sem.acquire(deadline=1.0)  # ~50 ahead at ~200 / s: it makes it in time
+    assert time.monotonic() - started < 1.0
+    sem.release()
+    for task in holders:
+        task.cancel()
+    await asyncio.gather(*holders, return_exceptions=True)
+    assert sem.admission_timeouts == 0

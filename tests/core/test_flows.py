@@ -4,6 +4,8 @@ test_flows_stateful.py proves the order on random schedules)."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Hashable
 
 import pytest
@@ -257,3 +259,30 @@ async def test_flood_of_flows_the_choice_stays_fair() -> None:
     await asyncio.gather(*(caller(f) for f in range(8)))
     assert served == dict.fromkeys(range(8), 20)
     assert (sem._flows._heap, sem.active) == ([], 0)
+
+
+def test_flow_statistics_read_from_another_thread_never_show_phantom_weight() -> None:
+    # An exporter thread reads while the loop takes and gives back weight in named flows
+    # only: the default flow never appears, and no flow holds less than nothing.
+    sem = MeteredSemaphore(1000)
+    stop = threading.Event()
+    wrong: list[object] = []
+
+    def exporter() -> None:
+        while not stop.is_set():
+            wrong.extend(f for f in sem.flow_statistics() if f.flow is None or f.held < 0)
+
+    thread = threading.Thread(target=exporter)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            for _ in range(1000):
+                sem.try_acquire(3, "a")
+                sem.try_acquire(2, "b")
+                sem.release(3, "a")
+                sem.release(2, "b")
+    finally:
+        stop.set()
+        thread.join()
+    assert wrong == []

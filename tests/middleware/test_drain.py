@@ -9,14 +9,20 @@ import re
 import signal
 import textwrap
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
-from fastapi import FastAPI
-from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencySettings, RouteLimit
+from fastapi import FastAPI, Request
+from gym_concurrency.middleware import (
+    ConcurrencyLimitMiddleware,
+    ConcurrencySettings,
+    RouteLimit,
+    concurrency_middleware,
+)
 from gym_concurrency.middleware.failures import DRAINING_DETAIL, RouteFailures
-from servers import eventually
+from servers import UvicornServer, eventually
 
 from tests.registry import limits_of
 from tests.uvicorn_process import clean_env, uvicorn
@@ -167,3 +173,82 @@ def test_the_docs_transcript_is_the_draining_body() -> None:
     route = RouteLimit(path="/run", limit_name="episodes", max_concurrent=1)
     body = RouteFailures(route).body("unavailable", draining=True).decode()
     assert transcript.rstrip().endswith(body)
+
+
+def drain_app(component: str, release: list[bool], **route: object) -> FastAPI:
+    """A route whose weight (and flow) come from the request, held until `release`."""
+    settings = ConcurrencySettings(
+        component=component,
+        routes=[RouteLimit(path="/work", limit_name="work", **route)],  # type: ignore[arg-type]
+    )
+    app = FastAPI()
+
+    @app.post("/work")
+    async def work(request: Request) -> dict[str, bool]:
+        await request.body()
+        while not release:  # noqa: ASYNC110 - released from the test's loop
+            await asyncio.sleep(0.005)
+        return {"ran": True}
+
+    @app.post("/drain")
+    async def drain(request: Request) -> dict[str, bool]:
+        asyncio.get_running_loop().create_task(concurrency_middleware(request.app).drain(5))
+        return {"draining": True}
+
+    app.add_middleware(ConcurrencyLimitMiddleware, settings=settings)
+    return app
+
+
+async def test_a_request_reading_its_body_ahead_when_draining_starts_is_refused(
+    component: str,
+) -> None:
+    release: list[bool] = []
+    app = drain_app(component, release, max_concurrent=1, weight="json:n")
+    gate = asyncio.Event()
+
+    async def slow_body() -> AsyncIterator[bytes]:
+        yield b'{"n": '
+        await gate.wait()
+        yield b"1}"
+
+    with UvicornServer(app) as server:
+        limit = limits_of(component)["work"]
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            holder = asyncio.create_task(client.post("/work", json={"n": 1}))
+            await eventually(lambda: limit.active == 1, "the holder to get in")
+            reading = asyncio.create_task(client.post("/work", content=slow_body()))
+            await asyncio.sleep(0.3)  # its body is being read ahead: not queued yet
+            await client.post("/drain")
+            gate.set()
+            refused = await reading
+            release.append(True)
+            assert (await holder).status_code == 200
+    assert refused.status_code == 503
+    assert refused.json()["detail"] == DRAINING_DETAIL
+    assert (limit.active, limit.queue_depth) == (0, 0)
+
+
+async def test_draining_hands_nothing_over_to_a_waiter_behind_one_refused(component: str):
+    release: list[bool] = []
+    app = drain_app(component, release, max_concurrent=4, weight="json:n", flow="header:x-t")
+    with UvicornServer(app) as server:
+        limit = limits_of(component)["work"]
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+
+            def post(n: int, tenant: str) -> asyncio.Task[httpx.Response]:
+                request = client.post("/work", json={"n": n}, headers={"x-t": tenant})
+                return asyncio.create_task(request)
+
+            holder = post(2, "a")
+            await eventually(lambda: limit.active == 2, "the holder to get in")
+            heavy = post(3, "b")  # chosen next: the free capacity is held for it
+            await eventually(lambda: limit.queue_depth == 1, "the heavy one to queue")
+            light = post(1, "c")
+            await eventually(lambda: limit.queue_depth == 2, "the light one to queue")
+            await client.post("/drain")
+            answers = await asyncio.gather(heavy, light)
+            active_while_draining = limit.active
+            release.append(True)
+            await holder
+    assert [a.status_code for a in answers] == [503, 503]
+    assert active_while_draining == 2  # nothing admitted once draining began

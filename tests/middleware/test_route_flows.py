@@ -233,3 +233,54 @@ def test_flow_and_weight_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
     )
     monkeypatch.setenv("GYM_CONCURRENCY_ROUTES__0__WEIGHT", "16")
     assert ConcurrencySettings().routes[0].weight == 16
+
+
+async def test_a_body_nested_too_deep_takes_the_default(component: str) -> None:
+    held = Held()
+    app = served_app(component, held, max_concurrent=10, weight="json:n", flow="json:who")
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with UvicornServer(app) as server:
+        limit = limits_of(component)["work"]
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            response = asyncio.create_task(post(client, "deep", content=deep))
+            await eventually(lambda: held.order == ["deep"], "the request to get in")
+            assert [(s.flow, s.held) for s in limit.flow_statistics()] == [(None, 1)]
+            held.release("deep")
+            assert (await response).json()["bytes"] == len(deep)
+
+
+async def test_a_body_too_long_to_read_ahead_is_priced_by_its_length(component: str) -> None:
+    held = Held()
+    app = served_app(
+        component,
+        held,
+        max_concurrent=100_000,
+        weight="openai_tokens",
+        default_output_tokens=256,
+        max_queued_body_bytes=1000,
+    )
+    with UvicornServer(app) as server:
+        limit = limits_of(component)["work"]
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            body = json.dumps(chat(40_000, 100)).encode()
+            response = asyncio.create_task(post(client, "long", content=body))
+            await eventually(lambda: held.order == ["long"], "the request to get in")
+            # Not read in full (1000 bytes at most): its length / 4 + the default output.
+            assert limit.active == -(-len(body) // 4) + 256
+            held.release("long")
+            assert (await response).json()["bytes"] == len(body)
+
+
+async def test_on_an_adaptive_route_weights_are_capped_at_its_floor(component: str) -> None:
+    held = Held()
+    adaptive = {"min_concurrent": 4, "max_concurrent": 20, "algorithm": "aimd"}
+    app = served_app(component, held, max_concurrent=20, weight="json:n", adaptive=adaptive)
+    with UvicornServer(app) as server:
+        limit = limits_of(component)["work"]
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            response = asyncio.create_task(post(client, "heavy", json={"n": 15}))
+            await eventually(lambda: held.order == ["heavy"], "the request to get in")
+            # The limit may shrink to 4: a weight above that could wait for ever behind it.
+            assert limit.active == 4
+            held.release("heavy")
+            await response

@@ -292,3 +292,47 @@ async def test_a_restarted_redis_leaves_no_slot_lost_or_phantom(
             await asyncio.sleep(0.1)
     finally:
         servers.close()
+
+
+async def test_sigterm_drains_and_another_process_gets_the_slots_at_once(
+    folder: Path, redis_server: RedisServer, key: str
+):
+    servers = Servers(
+        folder,
+        redis_server.url,
+        key,
+        2,
+        GYM_CONCURRENCY_ROUTES=route(2),
+        GYM_CONCURRENCY_REDIS_LEASE_SECONDS="10",  # a lease's end cannot explain a fast hand-over
+    )
+    try:
+        doomed, survivor = servers.servers
+        async with httpx.AsyncClient(timeout=30) as client:
+
+            async def timed(url: str, hold: float) -> tuple[httpx.Response, float]:
+                response = await client.post(f"{url}/run", params={"hold": hold})
+                return response, time.monotonic()
+
+            held = [asyncio.create_task(timed(doomed.url, 0.6)) for _ in range(2)]
+            deadline = time.monotonic() + 10
+            while peak(redis_server, key) < 2:
+                assert time.monotonic() < deadline, "the doomed process never held both slots"
+                await asyncio.sleep(0.02)
+            queued_there = [asyncio.create_task(timed(doomed.url, 0.05)) for _ in range(3)]
+            waiting = asyncio.create_task(timed(survivor.url, 0.05))
+            await asyncio.sleep(0.2)
+            doomed.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            refused = await asyncio.gather(*queued_there)
+            finished = await asyncio.gather(*held)
+            answer, answered_at = await asyncio.wait_for(waiting, 15)
+        assert doomed.exit_status() in (0, -signal.SIGTERM), doomed.log
+    finally:
+        servers.close()
+    assert [r.status_code for r, _ in refused] == [503] * 3
+    assert all("draining" in r.text and at - signalled < 0.5 for r, at in refused)
+    assert [r.status_code for r, _ in finished] == [200, 200]  # admitted: let finish
+    assert answer.status_code == 200
+    # Admitted as the doomed process's slots came back (0.05 s of work, then the answer).
+    took = answered_at - max(at for _, at in finished)
+    assert took < 0.5, f"{took:.2f} s after the slots were given back (lease 10 s)"
