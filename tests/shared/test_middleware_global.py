@@ -330,9 +330,9 @@ async def test_sigterm_drains_and_another_process_gets_the_slots_at_once(
     finally:
         servers.close()
     assert [r.status_code for r, _ in refused] == [503] * 3
-    assert all("draining" in r.text and at - signalled < 0.5 for r, at in refused)
+    assert all("draining" in r.text and at - signalled < 1.0 for r, at in refused)
     assert [r.status_code for r, _ in finished] == [200, 200]  # admitted: let finish
     assert answer.status_code == 200
     # Admitted as the doomed process's slots came back (0.05 s of work, then the answer).
     took = answered_at - max(at for _, at in finished)
-    assert took < 0.5, f"{took:.2f} s after the slots were given back (lease 10 s)"
+    assert took < 1.0, f"{took:.2f} s after the slots were given back (lease 10 s)"
