@@ -189,8 +189,10 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             self._shed += 1
             waiter.set_result("shed")
             return waiter
-        if deadline is not None and self._refused_by_deadline(waiter, weight, flow, deadline):
-            return waiter
+        if deadline is not None:
+            deadline = self._admission_bound(waiter, weight, flow, deadline)
+            if waiter.done():
+                return waiter
         deadline_at = None
         if self._timeout is not None:
             deadline_at = loop.time() + self._timeout
@@ -207,19 +209,20 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
                 self._admit_fairly()  # it does not fit: it is chosen, and capacity held for it
         return waiter
 
-    def _refused_by_deadline(
+    def _admission_bound(
         self, waiter: Waiter, weight: int, flow: Hashable, deadline: float
-    ) -> bool:
-        """End `waiter` with "timeout" at once (True) if its deadline cannot be met: past, or
-        more weight ahead of it (in its flow, when flows wait) than the rate hands out in time."""
-        deadline = check_deadline(type(self).__name__, deadline)
+    ) -> float:
+        """The latest `waiter` may be admitted and still finish within `deadline` (deadlines.py);
+        it ends with "timeout" at once if that cannot be met: past, or more weight ahead of it
+        (in its flow, when flows wait) than the measured rate hands out by then."""
+        deadlines = self._own_deadlines()
+        bound = deadlines.bound(check_deadline(type(self).__name__, deadline), self._limit)
         flows = self._flows
         ahead = flows.queued_weight_of(flow) if flows else len(self._queue)
-        if not self._own_deadlines().hopeless(ahead + weight, deadline):
-            return False
-        self._timeouts += 1
-        waiter.set_result("timeout")
-        return True
+        if deadlines.hopeless(ahead + weight, bound):
+            self._timeouts += 1
+            waiter.set_result("timeout")
+        return bound
 
     def _own_deadlines(self) -> OwnDeadlines:
         if self._deadlines is None:
@@ -341,9 +344,12 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         deadlines = self._deadlines
         while queue and self._active < self._limit:
             waiter, _ = queue.popitem(last=False)
-            if deadlines is not None:
-                deadlines.disarm(waiter)
+            late = deadlines is not None and deadlines.disarm(waiter)
             if waiter.done():  # cancelled with its task, which counts it when it leaves
+                continue
+            if late:  # its deadline passed while the loop ran late: a timeout, not a slot
+                self._timeouts += 1
+                waiter.set_result("timeout")
                 continue
             self._active += 1
             self._handed[waiter] = None
@@ -363,6 +369,11 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             waiter, weight, flow = chosen.waiter, chosen.weight, chosen.flow
             if waiter.done():  # cancelled with its task, which counts it when it leaves
                 self._unqueue(waiter)
+                continue
+            if self._deadlines is not None and self._deadlines.late(waiter):
+                self._unqueue(waiter)  # its deadline passed while the loop ran late
+                self._timeouts += 1
+                waiter.set_result("timeout")
                 continue
             if flow is not None:  # a flow's count first: see flow_statistics()
                 self._take(flow, weight)

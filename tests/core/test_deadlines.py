@@ -185,3 +185,42 @@ async def test_no_early_refusal_at_the_onset_of_queueing() -> None:
         task.cancel()
     await asyncio.gather(*holders, return_exceptions=True)
     assert sem.admission_timeouts == 0
+
+
+@pytest.mark.parametrize("flow", [None, "a"])
+async def test_a_waiter_past_its_deadline_is_not_handed_a_slot_when_the_loop_runs_late(
+    flow: str | None,
+) -> None:
+    sem = MeteredSemaphore(1)
+    await sem.acquire()
+    waiting = asyncio.ensure_future(sem.acquire(flow=flow, deadline=0.05))
+    await asyncio.sleep(0.045)
+    time.sleep(0.02)  # noqa: ASYNC251 - the loop busy past the deadline, its timer not run
+    sem.release()
+    with pytest.raises(TimeoutError):
+        await waiting
+    assert (sem.active, sem.admission_timeouts, timers(sem)) == (0, 1, 0)
+
+
+async def test_a_deadline_that_leaves_no_time_for_the_work_is_refused_at_once() -> None:
+    # Little's law: with the limit full, a unit of weight is held limit / rate seconds; a
+    # waiter admitted later than its deadline less that could not finish in time.
+    sem = MeteredSemaphore(4)
+    stop = asyncio.Event()
+
+    async def worker() -> None:  # each holds 0.2 s: 20 hand-overs a second
+        while not stop.is_set():
+            async with sem:
+                await asyncio.sleep(0.2)
+
+    workers = [asyncio.create_task(worker()) for _ in range(8)]
+    await asyncio.sleep(0.1)
+    await sem.acquire(deadline=30)  # a deadline waits: the rate is measured from here
+    sem.release()
+    await asyncio.sleep(2.5)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):  # 4 ahead, 0.2 s each: it could start, not finish
+        await sem.acquire(deadline=0.25)
+    assert time.monotonic() - started < 0.05
+    stop.set()
+    await asyncio.gather(*workers)
