@@ -42,7 +42,9 @@ LIMIT = 16
 SERVICE_S = 0.100
 QUEUE_TIMEOUT_S = 2.0
 DEADLINE_HEADER = "x-deadline-ms"
-CONFIGS = ("deadline", "no-deadline")
+# "deadline-keepalive": refusals keep the connection (close_connection_on_refusal=False), so
+# a refused caller's next request needs no new connection (at 16x, accepting them is the bound)
+CONFIGS = ("deadline", "deadline-keepalive", "no-deadline")
 STATE_KEY = "gym_concurrency.deadline"  # middleware.admission.DEADLINE_STATE_KEY
 
 
@@ -114,11 +116,15 @@ def make_app(config: str, records: Records) -> Any:
         "max_concurrent": LIMIT,
         "queue_timeout_seconds": QUEUE_TIMEOUT_S,
     }
-    if config == "deadline":
+    if config in ("deadline", "deadline-keepalive"):
         if "deadline" not in RouteLimit.model_fields:
             raise SystemExit("this tree's RouteLimit has no `deadline` field yet")
         route["deadline"] = f"header:{DEADLINE_HEADER}"
-    settings = ConcurrencySettings(component="benchmark", routes=[RouteLimit(**route)])
+    settings = ConcurrencySettings(
+        component="benchmark",
+        routes=[RouteLimit(**route)],
+        close_connection_on_refusal=config != "deadline-keepalive",
+    )
     limited = ConcurrencyLimitMiddleware(app, settings=settings)
 
     async def recorded(scope: Any, receive: Any, send: Any) -> None:

@@ -68,6 +68,7 @@ REFUSAL_GOAL_S = 0.050
 CONFIGS: dict[str, tuple[str, float]] = {
     "deadline": ("deadline", DEADLINE_S * 1000),
     "deadline-less-service": ("deadline", (DEADLINE_S - SERVICE_S) * 1000),
+    "deadline-keepalive": ("deadline-keepalive", DEADLINE_S * 1000),
     "no-deadline": ("no-deadline", DEADLINE_S * 1000),
 }
 GOALS = {

@@ -8,11 +8,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Hashable
 
-from ..deadline import deadline_remaining
+from ..deadline import deadline_remaining, request_deadline
 from ._base import LimitBase, check_count
 from .deadlines import OwnDeadlines, check_deadline
 from .flows import Ask, FlowQueues, FlowStatistics, Waiting
-from .limit import Admission, wait_in_queue
+from .limit import Admission
 
 __all__ = ["MeteredSemaphore"]
 
@@ -319,13 +319,28 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         if self._active < self._limit and not self._queue and not self._handed:
             self._active += 1
             return
-        deadline = deadline_remaining()  # what is left of the request's, if one is handled
-        admission = await wait_in_queue(self, 1, None, deadline)
+        # wait_in_queue(), inline (one coroutine less): the contended path is the hot one too.
+        deadline = None if request_deadline() is None else deadline_remaining()
+        waiter = self.enqueue(1, None, deadline)
+        try:
+            admission = await waiter
+        except asyncio.CancelledError:
+            self.leave(waiter)
+            raise
+        if self._handed:
+            self.settle(waiter)
         if admission != "admitted":
             raise self._refused(admission, deadline)
 
     async def __aexit__(self, *exc: object) -> None:
-        self.release()
+        # release() with the defaults, inline.
+        if self._active <= self._held_by_flows:
+            raise self._not_held(1, None)
+        self._active -= 1
+        if self._queue:
+            if self._flows:
+                self._flows.touched(None)
+            self._admit_waiters()
 
     def resize(self, limit: int) -> None:
         """Set the capacity: growing admits waiters at once; shrinking never revokes held
