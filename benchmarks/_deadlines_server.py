@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
 import resource
 import sys
@@ -157,10 +158,8 @@ def main() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
-    import httptools
     import starlette
     import uvicorn
-    import uvloop
 
     app = make_app(args.config, Records())
     if args.info:
@@ -168,8 +167,8 @@ def main() -> None:
             "config": args.config,
             "python": sys.version.split()[0],
             "uvicorn": uvicorn.__version__,
-            "uvloop": uvloop.__version__,
-            "httptools": httptools.__version__,
+            "uvloop": _version("uvloop"),
+            "httptools": _version("httptools"),
             "starlette": starlette.__version__,
             "gym_concurrency_files": loaded_files(root),
         }
@@ -178,13 +177,21 @@ def main() -> None:
         app,
         host="127.0.0.1",
         port=args.port,
-        loop="uvloop",
-        http="httptools",
+        loop="auto",  # uvloop and httptools where installed (the `bench` extra)
+        http="auto",
         lifespan="on",
         log_level="error",
         access_log=False,
         backlog=4096,
     )
+
+
+def _version(name: str) -> str | None:
+    """The installed version of `name`, or None (the recorded runs had it)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 if __name__ == "__main__":

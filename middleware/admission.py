@@ -168,7 +168,7 @@ class ConcurrencyLimitMiddleware:
             unread = 0
             if ahead is not None:
                 body = await ahead.read_ahead()
-                unread = 0 if body is not None else unread_length(scope, ahead.size, ahead.complete)
+                unread = 0 if body is not None else unread_length(scope, ahead.size)
                 if self._queued.draining:  # it began draining while the body was read
                     await self._queued.refuse_now(route, scope, receive, send)
                     return

@@ -181,10 +181,9 @@ def _count(value: object) -> int:
     return math.ceil(value)
 
 
-def unread_length(scope: Scope, read: int, complete: bool) -> int:
-    """The length of a body not read in full: its Content-Length, else what was read."""
-    if complete:
-        return 0
+def unread_length(scope: Scope, read: int) -> int:
+    """The length of a body the bounds kept from being read ahead: its Content-Length, else
+    what was read of it."""
     declared = _header(scope, b"content-length")
     if declared is not None and declared.isdigit() and len(declared) <= 15:
         return max(read, int(declared))

@@ -10,7 +10,8 @@ from collections.abc import Hashable
 
 from ..deadline import deadline_remaining, request_deadline
 from ._base import LimitBase, check_count
-from .deadlines import OwnDeadlines, check_deadline
+from ._own_deadlines import OwnDeadlinesMixin
+from .deadlines import OwnDeadlines
 from .flows import Ask, FlowQueues, FlowStatistics, Waiting
 from .limit import Admission
 
@@ -21,7 +22,7 @@ _CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 Waiter = asyncio.Future[Admission]
 
 
-class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
+class MeteredSemaphore(OwnDeadlinesMixin, LimitBase, asyncio.BoundedSemaphore):
     """A bounded semaphore whose limit, holders, waiters and failed admissions are readable.
 
     Every call takes a `weight` (default 1) and a `flow` (default None): `limit`, `active` and
@@ -208,37 +209,6 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             if self._next is None and self._active < self._limit and not self._handed:
                 self._admit_fairly()  # it does not fit: it is chosen, and capacity held for it
         return waiter
-
-    def _admission_bound(
-        self, waiter: Waiter, weight: int, flow: Hashable, deadline: float
-    ) -> float:
-        """The latest `waiter` may be admitted and still finish within `deadline` (deadlines.py);
-        it ends with "timeout" at once if that cannot be met: past, or more weight ahead of it
-        (in its flow, when flows wait) than the measured rate hands out by then."""
-        deadlines = self._own_deadlines()
-        bound = deadlines.bound(check_deadline(type(self).__name__, deadline), self._limit)
-        flows = self._flows
-        ahead = flows.queued_weight_of(flow) if flows else len(self._queue)
-        if deadlines.hopeless(ahead + weight, bound):
-            self._timeouts += 1
-            waiter.set_result("timeout")
-        return bound
-
-    def _own_deadlines(self) -> OwnDeadlines:
-        if self._deadlines is None:
-            self._deadlines = OwnDeadlines()
-        return self._deadlines
-
-    def _expire_one(self, waiter: Waiter) -> None:
-        """`waiter`'s own deadline passed: it times out if it still waits."""
-        if waiter not in self._queue:
-            return
-        chosen = self._unqueue(waiter)
-        if not waiter.done():  # else cancelled with its task, which counts it when it leaves
-            self._timeouts += 1
-            waiter.set_result("timeout")
-        if chosen and self._queue:
-            self._admit_waiters()  # the capacity held for it moves on
 
     def _queue_by_flow(self, waiter: Waiter, weight: int, flow: Hashable) -> None:
         flows = self._flows
