@@ -205,8 +205,9 @@ class LimitBase:
         self, weight: int = 1, flow: Hashable = None, *, deadline: float | None = None
     ) -> Literal[True]:
         """Take `weight` for `flow`, waiting in fair order at most `timeout` or `deadline`
-        seconds (the sooner); raises TimeoutError, QueueFullError, LimitUnavailableError, or
-        cancels (leaving the queue)."""
+        seconds (the sooner; None: what is left of the request's deadline, if one is being
+        handled); raises TimeoutError, QueueFullError, LimitUnavailableError, or cancels
+        (leaving the queue)."""
         if deadline is not None:
             check_deadline(type(self).__name__, deadline)
         if not self.try_acquire(weight, flow):

@@ -23,8 +23,6 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
-from ..deadline import deadline_remaining
-
 if TYPE_CHECKING:
     from .flows import FlowStatistics
 
@@ -212,11 +210,9 @@ class Hold:
 async def wait_in_queue(
     limit: Limit, weight: int = 1, flow: Hashable = None, deadline: float | None = None
 ) -> Admission:
-    """Join `limit`'s queue and wait for how it ends, at most `deadline` seconds (None: what
-    is left of the request's deadline, if one is being handled; see deadline.py); cancelled,
-    leave the queue (a slot handed over at that moment passes on) and re-raise."""
-    if deadline is None:
-        deadline = deadline_remaining()
+    """Join `limit`'s queue and wait for how it ends, at most `deadline` seconds besides the
+    limit's timeout (the request's: `deadline.deadline_remaining()`, as `acquire()` passes);
+    cancelled, leave the queue (a slot handed over at that moment passes on) and re-raise."""
     waiter = limit.enqueue(weight, flow, deadline)
     try:
         admission = await waiter
