@@ -67,19 +67,23 @@ class AcquireReply(Reply):
 @dataclass(frozen=True, slots=True)
 class SyncReply(Reply):
     """The sync script's answer: waiters of this process handed a slot, held leases Redis
-    had lost (re-registered), waiters Redis had lost (re-queued at the back)."""
+    had lost (re-registered), waiters Redis had lost (re-queued at the back), and lost
+    leases Redis could not take back without going over the limit (`refused`)."""
 
     granted: tuple[str, ...]
     reclaimed: tuple[str, ...]
     requeued: tuple[str, ...]
+    refused: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class ConfigureReply(Reply):
     """The configure script's answer: status `scripts.CONFLICT` if live processes use
-    another size; `configured` is the size processes start with (None if none was set)."""
+    another size; `configured` is the size processes start with (None if none was set);
+    `eviction` Redis's maxmemory-policy where a maxmemory is set ("" where none is)."""
 
     configured: int | None
+    eviction: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +153,7 @@ class RedisStore:
         self._scripts: dict[str, Any] = {}
         self._blocking_scripts: dict[str, Any] = {}
         self._logged_errors: set[str] = set()
+        self._eviction_checked = False  # the maxmemory-policy was looked at (once)
 
     @property
     def started(self) -> bool:
@@ -194,19 +199,40 @@ class RedisStore:
 
     async def configure(self, pending: PendingSize) -> ConfigureReply:
         """Write a configured size or a resize."""
-        return _configure_reply(await self._call("configure", [pending.size, pending.kind]))
+        raw = await self._call("configure", [pending.size, pending.kind])
+        return self._eviction_said(_configure_reply(raw))
 
     def sync_blocking(self, held: list[str], queued: list[str], drops: list[str]) -> SyncReply:
         """Renew `held` and `queued`, drop `drops`; learn of grants and of what Redis lost
         (from the heartbeat thread)."""
         raw = self._call_blocking("sync", [len(held), *held, len(queued), *queued, *drops])
+        granted, reclaimed, requeued, refused = (tuple(ids) for ids in raw[6:10])
         return SyncReply(
-            *_head(raw), granted=tuple(raw[6]), reclaimed=tuple(raw[7]), requeued=tuple(raw[8])
+            *_head(raw), granted=granted, reclaimed=reclaimed, requeued=requeued, refused=refused
         )
 
     def configure_blocking(self, pending: PendingSize) -> ConfigureReply:
         """`configure`, from the heartbeat thread."""
-        return _configure_reply(self._call_blocking("configure", [pending.size, pending.kind]))
+        raw = self._call_blocking("configure", [pending.size, pending.kind])
+        return self._eviction_said(_configure_reply(raw))
+
+    def _eviction_said(self, reply: ConfigureReply) -> ConfigureReply:
+        """Say once (the first size written, at start) if Redis may evict the limit's keys:
+        each key lost starts a grace period in which this limit admits nothing."""
+        if self._eviction_checked:
+            return reply
+        self._eviction_checked = True
+        if reply.eviction.startswith("allkeys-"):
+            _log.warning(
+                "gym_concurrency: %s: Redis at %s has maxmemory-policy %s: under memory "
+                "pressure it may evict this limit's keys, and each key lost stops admissions "
+                "for up to lease_seconds while holders re-register; use noeviction (or a "
+                "Redis of the limit's own); see docs/reliability.md",
+                self._describe,
+                self.redis_url,
+                reply.eviction,
+            )
+        return reply
 
     async def next_grant(self, box: str) -> str | None:
         """The next lease granted to this process's mailbox `box`, waiting at most a re-check."""
@@ -332,4 +358,6 @@ def _register(client: Any) -> dict[str, Any]:
 
 def _configure_reply(raw: list[Any]) -> ConfigureReply:
     configured = str(raw[6])
-    return ConfigureReply(*_head(raw), configured=int(configured) if configured else None)
+    return ConfigureReply(
+        *_head(raw), configured=int(configured) if configured else None, eviction=str(raw[7])
+    )

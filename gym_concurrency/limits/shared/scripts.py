@@ -11,17 +11,22 @@ Keys, all under one hash tag so that they live in one cluster slot (`KEYS` order
                  it is reaped, so a dead process never blocks the queue
 5. `leases`      ZSET lease id -> deadline (clock ms): the slots held now, one lease each
 6. `grace`       present for a while (a lease at most) after a script found the limit's
-                 state lost (see `lost`) or kept by another Redis (see `CHECK_SERVER`): no
-                 slot is handed out while live processes re-register what they hold
+                 state lost (see `lost`, `damaged`) or kept by another Redis (see
+                 `CHECK_SERVER`): no slot is handed out while live processes re-register
+                 what they hold (mirrored in the clock's `g`, so losing one ends no grace)
 7. `configured`  the size processes start with (a runtime resize does not change it)
-8. `clock`       HASH {v, t, run}: the limit's clock (ms), Redis's time at the last script
-                 call, and the run id of the Redis that keeps the state (see `moved`)
+8. `clock`       HASH {v, t, run, g}: the limit's clock (ms), Redis's time at the last
+                 script call, the run id of the Redis that keeps the state (see
+                 `CHECK_SERVER`) and until when (Redis's ms) a grace period lasts
 9. `members`     ZSET process id -> deadline (clock ms): the processes alive on this limit
-10. `mbox:<proc>` LIST of lease ids granted to process `<proc>` (its waiters are woken by
+10. `tally`      the number of leases every script left (kept with the configuration): a
+                 `leases` key that holds another number was lost (evicted under `maxmemory`,
+                 or deleted) and starts a grace period (see `damaged`)
+11. `mbox:<proc>` LIST of lease ids granted to process `<proc>` (its waiters are woken by
                  BLPOP); the key is the common `ARGV[1]` prefix plus the process id
 
-`limit` and `configured` are the limit's configuration and stay; every other key is gone once
-no process holds, queues or lives on the limit (or expires: `grace`, mailboxes).
+`limit`, `configured` and `tally` are the limit's configuration and stay; every other key
+is gone once no process holds, queues or lives on the limit (or expires: `grace`, mailboxes).
 
 Ids are `<proc>:<n>`: a waiter that is handed a slot keeps its id as the lease id, and the
 process part names the mailbox to notify. Every script takes the same first five arguments:
@@ -42,6 +47,7 @@ __all__ = [
 
 KEY_NAMES: Final = (
     "limit", "seq", "queue", "wexp", "leases", "grace", "configured", "clock", "members",
+    "tally",
 )  # fmt: skip
 
 CONFLICT: Final = 3  # CONFIGURE's status: live processes hold another size for this limit
@@ -49,6 +55,7 @@ CONFLICT: Final = 3  # CONFIGURE's status: live processes hold another size for 
 _PRELUDE: Final = """
 local K_LIMIT, K_SEQ, K_QUEUE, K_WEXP, K_LEASES, K_GRACE, K_CONFIGURED, K_CLOCK, K_MEMBERS =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local K_TALLY = KEYS[10]
 local MBOX, TTL, PROC, CONTACTED = ARGV[1], tonumber(ARGV[2]), ARGV[4], ARGV[5] == '1'
 local t = redis.call('TIME')
 local real = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -60,12 +67,37 @@ local real = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function clock()
   local c = redis.call('HMGET', K_CLOCK, 'v', 't')
   local v, last = tonumber(c[1]), tonumber(c[2])
-  if v == nil or last == nil then return real end
+  if v == nil or last == nil then return real, true end
   local gap = math.max(0, real - last)
-  return v + math.min(gap, math.floor(TTL / 3))
+  return v + math.min(gap, math.floor(TTL / 3)), false
 end
-local now = clock()
+local now, clock_gone = clock()
+
+-- A grace period: the `grace` key and its mirror in the clock (`g`): either one lost (an
+-- eviction, a DEL) ends no grace early. `grace_left()` is its milliseconds left (0: none).
+local function start_grace(ms)
+  redis.call('SET', K_GRACE, '1', 'PX', ms)
+  redis.call('HSET', K_CLOCK, 'g', real + ms)
+end
+local function grace_left()
+  local mirror = (tonumber(redis.call('HGET', K_CLOCK, 'g')) or 0) - real
+  return math.max(0, redis.call('PTTL', K_GRACE), mirror)
+end
+
+-- One of the limit's keys lost on its own while its size stayed (evicted by an allkeys-*
+-- `maxmemory-policy`, or deleted by an operator): another number of leases than the tally
+-- every script leaves (the leases key lost), the tally lost (it lives as long as the size:
+-- one grace, too, on a state an older version wrote), or the clock lost under leases (its
+-- time would jump and expire them early). A lost size is `restore`'s to find.
+local function damaged()
+  if redis.call('EXISTS', K_LIMIT) == 0 then return false end
+  local leases = redis.call('ZCARD', K_LEASES)
+  local tally = tonumber(redis.call('GET', K_TALLY))
+  return tally ~= leases or (clock_gone and leases > 0)
+end
+local found_damage = damaged()
 redis.call('HSET', K_CLOCK, 'v', now, 't', real)
+if found_damage then start_grace(TTL) end
 
 -- Drop expired leases (their process stopped renewing them), waiters and members. A lease
 -- that expires takes its notification back if its process never read it (a process cut
@@ -112,7 +144,7 @@ end
 local function restore(size)
   redis.call('SET', K_LIMIT, size)
   local grace = lost()
-  if grace > 0 then redis.call('SET', K_GRACE, '1', 'PX', grace) end
+  if grace > 0 then start_grace(grace) end
 end
 
 -- The clock names the Redis that keeps the state (`CHECK_SERVER` compares it on every new
@@ -139,7 +171,7 @@ end
 -- process renews it from then on) and the waiter's process is told through its mailbox.
 -- Nothing while the grace period lasts, nothing while the leases fill the limit.
 local function grant(limit)
-  if redis.call('EXISTS', K_GRACE) == 1 then return end
+  if grace_left() > 0 then return end
   local held = redis.call('ZCARD', K_LEASES)
   while held < limit do
     local head = redis.call('ZPOPMIN', K_QUEUE)
@@ -173,9 +205,10 @@ local function answer(status, limit, ...)
   local first = redis.call('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')
   local expiry = -1
   if #first == 2 then expiry = math.max(0, tonumber(first[2]) - now) end
-  local grace = redis.call('PTTL', K_GRACE)
-  if grace >= 0 and (expiry < 0 or grace < expiry) then expiry = grace end
+  local grace = grace_left()
+  if grace > 0 and (expiry < 0 or grace < expiry) then expiry = grace end
   local held, queued = redis.call('ZCARD', K_LEASES), redis.call('ZCARD', K_QUEUE)
+  redis.call('SET', K_TALLY, held)
   if held == 0 and queued == 0 then
     redis.call('DEL', K_SEQ)
     if redis.call('EXISTS', K_MEMBERS) == 0 then redis.call('DEL', K_CLOCK) end
@@ -199,7 +232,7 @@ member()
 local limit = current_limit()
 grant(limit)
 local max_queue = tonumber(ARGV[6])
-local grace = redis.call('EXISTS', K_GRACE) == 1
+local grace = grace_left() > 0
 local statuses = {}
 for i = 7, #ARGV do
   local id = ARGV[i]
@@ -254,31 +287,49 @@ return answer(0, limit)
 
 # The heartbeat and re-check of one process. ARGV[6] = n held lease ids, then those ids;
 # then m queued waiter ids (count first), then ids to drop (the rest).
-# Held leases are renewed (re-registered if Redis lost them or they expired: the work is
-# still running, and counts before anything is granted); queued waiters are renewed,
-# reported if they were handed a slot, re-queued at the back if Redis lost them. Answers
-# {0, limit, held, queued, stamp, expiry, granted ids, re-registered ids, re-queued ids}.
+# Held leases are renewed, and re-registered if Redis lost them or they expired (the work
+# is still running, and counts before anything is granted; over the limit, too, when a
+# process cut off comes back: nothing is granted until the work drains). While a grace
+# period rebuilds a lost state, a lease re-registered must fit the limit: one that would
+# not is refused (its process counts it lost). Queued
+# waiters are renewed, reported if they were handed a slot, re-queued at the back if Redis
+# lost them (or lost the queue without their deadlines). Answers {0, limit, held, queued,
+# stamp, expiry, granted ids, re-registered ids, re-queued ids, refused ids}.
 SYNC: Final = (
     _PRELUDE
     + """
 reap()
 member()
 local limit = current_limit()
-local i = 6
-local n = tonumber(ARGV[i])
-i = i + 1
-local reclaimed, granted, requeued = {}, {}, {}
-for j = i, i + n - 1 do
+local n = tonumber(ARGV[6])
+local held_from, queued_from = 7, 8 + n
+local drops_from = queued_from + tonumber(ARGV[7 + n])
+-- Drops first: a slot they free is one a lost lease may take back.
+for j = drops_from, #ARGV do remove(ARGV[j]) end
+local reclaimed, granted, requeued, refused, missing = {}, {}, {}, {}, {}
+for j = held_from, queued_from - 2 do
   local id = ARGV[j]
-  if not redis.call('ZSCORE', K_LEASES, id) then reclaimed[#reclaimed + 1] = id end
-  redis.call('ZADD', K_LEASES, now + TTL, id)
+  if redis.call('ZADD', K_LEASES, 'XX', 'CH', now + TTL, id) == 0
+      and not redis.call('ZSCORE', K_LEASES, id) then
+    missing[#missing + 1] = id
+  end
 end
-i = i + n
-n = tonumber(ARGV[i])
-i = i + 1
-for j = i, i + n - 1 do
+local held = redis.call('ZCARD', K_LEASES)
+local rebuilding = grace_left() > 0
+for _, id in ipairs(missing) do
+  if held < limit or not rebuilding then
+    redis.call('ZADD', K_LEASES, now + TTL, id)
+    reclaimed[#reclaimed + 1] = id
+    held = held + 1
+  else
+    refused[#refused + 1] = id
+  end
+end
+local queue_lost = redis.call('ZCARD', K_QUEUE) < redis.call('ZCARD', K_WEXP)
+for j = queued_from, drops_from - 1 do
   local id = ARGV[j]
-  if redis.call('ZSCORE', K_WEXP, id) then
+  local waiting = redis.call('ZSCORE', K_WEXP, id)
+  if waiting and not (queue_lost and not redis.call('ZSCORE', K_QUEUE, id)) then
     redis.call('ZADD', K_WEXP, now + TTL, id)
   elseif redis.call('ZSCORE', K_LEASES, id) then
     redis.call('ZADD', K_LEASES, now + TTL, id)
@@ -289,10 +340,8 @@ for j = i, i + n - 1 do
     requeued[#requeued + 1] = id
   end
 end
-i = i + n
-for j = i, #ARGV do remove(ARGV[j]) end
 grant(limit)
-return answer(0, limit, granted, reclaimed, requeued)
+return answer(0, limit, granted, reclaimed, requeued, refused)
 """
 )
 
@@ -303,7 +352,7 @@ return answer(0, limit, granted, reclaimed, requeued)
 # the old one's processes are gone). Otherwise it disagrees with live processes: status
 # CONFLICT, nothing changed. Growing hands the new slots to the oldest waiters at once;
 # shrinking revokes nothing. Answers {status, limit, held, queued, stamp, expiry,
-# configured size or ""}.
+# configured size or "", the maxmemory-policy if a maxmemory is set or ""}.
 CONFIGURE: Final = (
     _PRELUDE
     + """
@@ -333,7 +382,12 @@ end
 if status == 0 then member() end
 limit = tonumber(redis.call('GET', K_LIMIT))
 grant(limit)
-return answer(status, limit, tostring(configured or ''))
+local memory = redis.call('INFO', 'memory')
+local policy = ''
+if (tonumber(string.match(memory, 'maxmemory:(%d+)')) or 0) > 0 then
+  policy = string.match(memory, 'maxmemory_policy:([%w-]+)') or ''
+end
+return answer(status, limit, tostring(configured or ''), policy)
 """
 )
 
@@ -350,7 +404,10 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return 2 end
 local kept = redis.call('HGET', KEYS[2], 'run')
 redis.call('HSET', KEYS[2], 'run', run)
 if kept and kept ~= run then
+  local t = redis.call('TIME')
+  local real = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('SET', KEYS[3], '1', 'PX', ARGV[1])
+  redis.call('HSET', KEYS[2], 'g', real + tonumber(ARGV[1]))  -- (the grace's mirror)
   return 1
 end
 return 0

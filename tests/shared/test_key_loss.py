@@ -1,0 +1,105 @@
+"""A shared limit whose Redis loses one of its keys (an operator's DEL, an eviction), step by
+step on a real redis-server: the loss starts a grace in which nothing is granted while the
+holders re-register; a lease that no longer fits is counted lost, not re-registered; and a
+Redis that may evict the limit's keys is said at start."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from gym_concurrency import SharedLimit
+from tests.shared.helpers import held_ids, leases, settle, wait_for
+from tests.shared.redis_server import RedisServer
+
+LEASE = {"lease_seconds": 0.8, "redis_timeout": 0.2}
+
+
+@pytest.fixture
+async def pair(redis_server: RedisServer, key: str) -> AsyncIterator[list[SharedLimit]]:
+    """Two processes' limit of 1 (two SharedLimits with one key)."""
+    made = [SharedLimit(1, redis_url=redis_server.url, key=key, **LEASE) for _ in range(2)]
+    yield made
+    for limit in made:
+        await limit.close()
+
+
+@pytest.mark.parametrize("lost", ["leases", "tally", "clock", "grace"])
+async def test_a_key_lost_under_a_holder_grants_its_slot_to_nobody(
+    pair: list[SharedLimit], redis_server: RedisServer, lost: str
+) -> None:
+    holder, other = pair
+    client = redis_server.client()
+    assert await holder.enqueue() == "admitted"
+    await settle(holder)
+    if lost == "grace":  # a loss starts a grace; then its own key goes too
+        client.delete(holder.redis_keys["leases"])
+    client.delete(holder.redis_keys[lost])
+    waiting = other.enqueue()
+    await asyncio.sleep(1.5 * LEASE["lease_seconds"])
+    assert not waiting.done()  # never two holders of a limit of 1
+    assert leases(client, holder) == held_ids(holder)  # re-registered by its heartbeat
+    holder.release()
+    assert await asyncio.wait_for(waiting, 3) == "admitted"
+    other.release()
+    await settle(holder, other)
+
+
+async def test_a_lost_lease_that_no_longer_fits_is_counted_lost_not_re_registered(
+    redis_server: RedisServer, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = redis_server.client()
+    seen: list[tuple[str, ...]] = []
+    limit = SharedLimit(
+        2, redis_url=redis_server.url, key=key, on_lease_lost=lambda _, ids: seen.append(ids),
+        **LEASE,
+    )  # fmt: skip
+    try:
+        assert [await limit.enqueue(), await limit.enqueue()] == ["admitted"] * 2
+        await settle(limit)
+        client.delete(limit.redis_keys["leases"])
+        limit.resize(1)  # while the grace rebuilds the lost state: one of two fits
+        await wait_for(lambda: limit.admission_lease_lost == 1, 3.0, "a lease counted lost")
+        assert [len(ids) for ids in seen] == [1]
+        assert leases(client, limit) == held_ids(limit) - set(seen[0])
+        assert "could not take them back without going over the limit" in caplog.text
+        assert limit.active == 2  # its holder runs on
+        await asyncio.sleep(LEASE["lease_seconds"])
+        assert len(leases(client, limit)) == 1  # and is never re-registered
+        for _ in range(2):
+            limit.release()
+        await settle(limit)
+        assert leases(client, limit) == set()
+    finally:
+        await limit.close()
+
+
+@pytest.fixture
+def evicting(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path, "--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru")
+    yield server
+    server.stop()
+
+
+async def test_a_redis_that_may_evict_the_limit_s_keys_is_said_once_at_start(
+    evicting: RedisServer, redis_server: RedisServer, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "gym_concurrency")
+    for url in (redis_server.url, evicting.url):
+        limit = SharedLimit(1, redis_url=url, key=key, **LEASE)
+        try:
+            await limit.connect()
+            limit.resize(2)
+            await settle(limit)
+        finally:
+            await limit.close()
+    said = [r.getMessage() for r in caplog.records if "maxmemory-policy" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "allkeys-lru" in said[0]
+    assert "noeviction" in said[0]  # what to do instead
+    assert f":{evicting.port}/" in said[0]  # which Redis
+    assert redis_server.client().config_get("maxmemory")["maxmemory"] == "0"
