@@ -232,7 +232,7 @@ async def test_closing_leaves_only_the_limit_s_configuration(
     await a.close()
     await b.close()
     left = {k.rsplit(":", 1)[-1] for k in client.keys("*")}
-    assert left == {"limit", "configured", "tally"}, client.keys("*")
+    assert left == {"limit", "configured", "state"}, client.keys("*")
 
 
 async def test_a_lease_granted_before_its_call_failed_is_never_dropped(

@@ -1,7 +1,7 @@
 """A shared limit whose Redis loses one of its keys (an operator's DEL, an eviction), step by
 step on a real redis-server: the loss starts a grace in which nothing is granted while the
-holders re-register; a lease that no longer fits is counted lost, not re-registered; and a
-Redis that may evict the limit's keys is said at start."""
+holders re-register; leases re-registered over a limit that shrank meanwhile count until
+their work drains; and a Redis that may evict the limit's keys is said at start."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ async def pair(redis_server: RedisServer, key: str) -> AsyncIterator[list[Shared
         await limit.close()
 
 
-@pytest.mark.parametrize("lost", ["leases", "tally", "clock", "grace"])
+@pytest.mark.parametrize("lost", ["leases", "state", "leases state", "limit state"])
 async def test_a_key_lost_under_a_holder_grants_its_slot_to_nobody(
     pair: list[SharedLimit], redis_server: RedisServer, lost: str
 ) -> None:
@@ -36,9 +36,7 @@ async def test_a_key_lost_under_a_holder_grants_its_slot_to_nobody(
     client = redis_server.client()
     assert await holder.enqueue() == "admitted"
     await settle(holder)
-    if lost == "grace":  # a loss starts a grace; then its own key goes too
-        client.delete(holder.redis_keys["leases"])
-    client.delete(holder.redis_keys[lost])
+    client.delete(*(holder.redis_keys[name] for name in lost.split()))
     waiting = other.enqueue()
     await asyncio.sleep(1.5 * LEASE["lease_seconds"])
     assert not waiting.done()  # never two holders of a limit of 1
@@ -49,33 +47,33 @@ async def test_a_key_lost_under_a_holder_grants_its_slot_to_nobody(
     await settle(holder, other)
 
 
-async def test_a_lost_lease_that_no_longer_fits_is_counted_lost_not_re_registered(
+async def test_lost_leases_that_no_longer_fit_count_until_their_work_drains(
     redis_server: RedisServer, key: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # Leaving them out would keep Redis's count within the limit and hand their slots out
+    # a second time while their work runs on.
     client = redis_server.client()
-    seen: list[tuple[str, ...]] = []
-    limit = SharedLimit(
-        2, redis_url=redis_server.url, key=key, on_lease_lost=lambda _, ids: seen.append(ids),
-        **LEASE,
-    )  # fmt: skip
+    limit, other = (SharedLimit(2, redis_url=redis_server.url, key=key, **LEASE) for _ in "ab")
     try:
         assert [await limit.enqueue(), await limit.enqueue()] == ["admitted"] * 2
         await settle(limit)
+        limit.resize(1)  # shrinking revokes nothing: 2 held for 1
+        await wait_for(lambda: client.get(limit.redis_keys["limit"]) == "1", 3.0, "resized")
         client.delete(limit.redis_keys["leases"])
-        limit.resize(1)  # while the grace rebuilds the lost state: one of two fits
-        await wait_for(lambda: limit.admission_lease_lost == 1, 3.0, "a lease counted lost")
-        assert [len(ids) for ids in seen] == [1]
-        assert leases(client, limit) == held_ids(limit) - set(seen[0])
-        assert "could not take them back without going over the limit" in caplog.text
-        assert limit.active == 2  # its holder runs on
-        await asyncio.sleep(LEASE["lease_seconds"])
-        assert len(leases(client, limit)) == 1  # and is never re-registered
-        for _ in range(2):
-            limit.release()
-        await settle(limit)
-        assert leases(client, limit) == set()
+        await wait_for(lambda: leases(client, limit) == held_ids(limit), 3.0, "re-registered")
+        assert "over the limit: 2 held for 1" in caplog.text
+        assert limit.admission_lease_lost == 0
+        waiting = other.enqueue()
+        limit.release()
+        await asyncio.sleep(1.5 * LEASE["lease_seconds"])
+        assert not waiting.done()  # 1 held for 1
+        limit.release()
+        assert await asyncio.wait_for(waiting, 3) == "admitted"
+        other.release()
+        await settle(limit, other)
     finally:
         await limit.close()
+        await other.close()
 
 
 @pytest.fixture

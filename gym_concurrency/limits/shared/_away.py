@@ -110,33 +110,20 @@ class AwayMixin:
         else:
             self._unreachable(waiter)
 
-    def _leases_lost(self, leases: tuple[str, ...], refused: bool = False) -> None:
-        """On the event loop: the heartbeat could not renew `leases` within the lease, or
-        (`refused`) Redis had lost them and could not take them back within the limit."""
-        if refused:
-            _log.warning(
-                "gym_concurrency: %s: Redis (at %s) had lost %d leases of this process and "
-                "could not take them back without going over the limit (its keys evicted or "
-                "deleted; see maxmemory-policy): counted lost; their holders run on here "
-                "(leases: %s)",
-                self._describe(),
-                self._store.redis_url,
-                len(leases),
-                ", ".join(leases),
-            )
-        else:
-            _log.warning(
-                "gym_concurrency: %s could not renew %d leases within lease_seconds=%s (Redis "
-                "at %s unreachable, or this process stopped): their holders run on here while "
-                "Redis may grant their slots to others; this process admits %s until Redis "
-                "counts them again (leases: %s)",
-                self._describe(),
-                len(leases),
-                self._lease_seconds,
-                self._store.redis_url,
-                "nothing more" if self._mode == "refuse" else "only through its local fallback",
-                ", ".join(leases),
-            )
+    def _leases_lost(self, leases: tuple[str, ...]) -> None:
+        """On the event loop: the heartbeat could not renew `leases` within the lease."""
+        _log.warning(
+            "gym_concurrency: %s could not renew %d leases within lease_seconds=%s (Redis at "
+            "%s unreachable, or this process stopped): their holders run on here while "
+            "Redis may grant their slots to others; this process admits %s until Redis "
+            "counts them again (leases: %s)",
+            self._describe(),
+            len(leases),
+            self._lease_seconds,
+            self._store.redis_url,
+            "nothing more" if self._mode == "refuse" else "only through its local fallback",
+            ", ".join(leases),
+        )
         hook = self._on_lease_lost
         if hook is not None:
             try:

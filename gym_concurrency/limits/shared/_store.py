@@ -67,13 +67,11 @@ class AcquireReply(Reply):
 @dataclass(frozen=True, slots=True)
 class SyncReply(Reply):
     """The sync script's answer: waiters of this process handed a slot, held leases Redis
-    had lost (re-registered), waiters Redis had lost (re-queued at the back), and lost
-    leases Redis could not take back without going over the limit (`refused`)."""
+    had lost (re-registered), waiters Redis had lost (re-queued at the back)."""
 
     granted: tuple[str, ...]
     reclaimed: tuple[str, ...]
     requeued: tuple[str, ...]
-    refused: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,10 +204,8 @@ class RedisStore:
         """Renew `held` and `queued`, drop `drops`; learn of grants and of what Redis lost
         (from the heartbeat thread)."""
         raw = self._call_blocking("sync", [len(held), *held, len(queued), *queued, *drops])
-        granted, reclaimed, requeued, refused = (tuple(ids) for ids in raw[6:10])
-        return SyncReply(
-            *_head(raw), granted=granted, reclaimed=reclaimed, requeued=requeued, refused=refused
-        )
+        granted, reclaimed, requeued = (tuple(ids) for ids in raw[6:9])
+        return SyncReply(*_head(raw), granted=granted, reclaimed=reclaimed, requeued=requeued)
 
     def configure_blocking(self, pending: PendingSize) -> ConfigureReply:
         """`configure`, from the heartbeat thread."""
@@ -343,7 +339,7 @@ class RedisStore:
 
 def _check_server(keys: dict[str, str], lease_ms: int) -> list[Any]:
     """`scripts.CHECK_SERVER`'s command, as every new connection sends it."""
-    return ["EVAL", scripts.CHECK_SERVER, 3, keys["limit"], keys["clock"], keys["grace"], lease_ms]
+    return ["EVAL", scripts.CHECK_SERVER, 2, keys["limit"], keys["state"], lease_ms]
 
 
 def _register(client: Any) -> dict[str, Any]:

@@ -38,8 +38,7 @@ class RedisSync(SizeSync):
     `held` (id -> monotonic time Redis last confirmed it, for every slot held here: leases,
     and the local fallback's) and `waiters` are the limit's own; `shed(waiter)` and
     `unreachable(waiter)` end a waiter the limit's way; `closed()` says the limit closed;
-    `lost(ids, refused)` runs on the event loop when leases could not be renewed within the
-    lease (`refused`: Redis had lost them and could not take them back within the limit),
+    `lost(ids)` runs on the event loop when leases could not be renewed within the lease,
     `back()` when a renewal worked after Redis was away."""
 
     def __init__(
@@ -52,7 +51,7 @@ class RedisSync(SizeSync):
         lease_seconds: float,
         shed: Callable[[Waiter], None],
         unreachable: Callable[[Waiter], None],
-        lost: Callable[[tuple[str, ...], bool], None],
+        lost: Callable[[tuple[str, ...]], None],
         back: Callable[[], None],
         closed: Callable[[], bool],
         describe: str,
@@ -77,9 +76,6 @@ class RedisSync(SizeSync):
         self._inflight: set[str] = set()  # ids named by the renewal in flight: removals wait
         self._deferred: list[str] = []
         self.lost: set[str] = set()  # held leases not renewed within the lease
-        # Lost leases Redis refused to take back (the limit was full without them): counted
-        # lost once, never renewed again; their holders run on until they give them back.
-        self.forfeited: set[str] = set()
         self.lease_lost = 0  # leases found lost (monotonic)
         self.unregistered: set[str] = set()  # fallback slots Redis has not been told of yet
         self.renewed_at = -math.inf  # (monotonic) when the last full renewal that worked was sent
@@ -110,7 +106,6 @@ class RedisSync(SizeSync):
         self._inflight = set()
         self._deferred = []
         self.lost.clear()
-        self.forfeited.clear()
         self.unregistered.clear()
         self.renewed_at = -math.inf
 
@@ -169,8 +164,12 @@ class RedisSync(SizeSync):
         """True while this process must not ask Redis for slots: Redis is away, leases of
         this process were lost, or slots the local fallback admitted are not counted in
         Redis yet (the heartbeat renews at once until they are)."""
-        store = self._store
-        return store.down or bool(self.lost or self.unregistered) or store.misconfigured is not None
+        return (
+            self._store.down
+            or bool(self.lost)
+            or bool(self.unregistered)
+            or self._store.misconfigured is not None
+        )
 
     def renew_at_once(self) -> None:
         """Ask the heartbeat for a full renewal now (the mailbox lost its connection)."""
@@ -181,8 +180,12 @@ class RedisSync(SizeSync):
         """True while a full renewal is due at once: Redis is away (a probe), slots held
         here are not counted in Redis yet, a notification waits for one, or a new
         connection found the limit's state missing (a restart: holders must count again)."""
-        store = self._store
-        return store.down or bool(self.unregistered) or self.renew_soon or store.state_missing
+        return (
+            self._store.down
+            or bool(self.unregistered)
+            or self.renew_soon
+            or self._store.state_missing
+        )
 
     async def _register_batch(self, waiters: list[Waiter]) -> None:
         ids = [w.id for w in waiters if w.id is not None]
@@ -262,7 +265,6 @@ class RedisSync(SizeSync):
                 self._deferred.append(lease)
                 return
             self.lost.discard(lease)
-            self.forfeited.discard(lease)
             if lease in self.unregistered:  # Redis never heard of it: nothing to remove
                 self.unregistered.discard(lease)
                 return
@@ -305,7 +307,7 @@ class RedisSync(SizeSync):
             if not self._store.blocking_started:
                 return
             with self.lock:
-                held = [i for i in self._held if i not in self.forfeited] if full else []
+                held = list(self._held) if full else []
                 queued = self._waiters.registered_ids(None if full else _RECHECK_WAITERS)
                 drops = [i for i in self.dropping if i not in self._held]
                 fresh = self.unregistered.intersection(held)
@@ -328,7 +330,6 @@ class RedisSync(SizeSync):
                 self._post_deferred(self._settle(None))
                 raise
             deferred = self._settle(drops, sent)
-            self._forfeit(reply.refused)
             back = 0
             if full:
                 self.renewed_at = sent
@@ -341,17 +342,6 @@ class RedisSync(SizeSync):
             self._post(self._renewed, reply, deferred, fresh, back, was_refusing)
             if full and self._store.pending is not None and not self.connecting:
                 self.apply_size_blocking()
-
-    def _forfeit(self, refused: tuple[str, ...]) -> None:
-        """Leases Redis refused to take back: counted lost (unless they were already), never
-        named in a renewal again, and handed to the lost hook."""
-        with self.lock:
-            refused = tuple(i for i in refused if i in self._held)
-            self.forfeited.update(refused)
-            uncounted = tuple(i for i in refused if i not in self.lost)
-            self.lease_lost += len(uncounted)
-        if uncounted:
-            self._post(self._on_lost, uncounted, True)
 
     def _undropped(self, drops: list[str]) -> bool:
         with self.lock:
@@ -410,10 +400,11 @@ class RedisSync(SizeSync):
         elif reclaimed or reply.requeued:
             _log.warning(
                 "gym_concurrency: %s: Redis had lost %d leases and %d waiters of this "
-                "process; re-registered them",
+                "process; re-registered them%s",
                 self._describe,
                 len(reclaimed),
                 len(reply.requeued),
+                _over(reply),
             )
         if fresh:
             _log.warning(
@@ -433,13 +424,12 @@ class RedisSync(SizeSync):
                 for ident, confirmed in list(self._held.items())
                 if ident not in self.unregistered
                 and ident not in self.lost
-                and ident not in self.forfeited
                 and max(confirmed, self.renewed_at) + lease < now
             )
             self.lost.update(newly)
             self.lease_lost += len(newly)
         if newly:
-            self._post(self._on_lost, newly, False)
+            self._post(self._on_lost, newly)
 
     def recheck_due(self, last: float, recheck: float) -> float:
         """When waiters of this process should look for a lost notification or an expired
@@ -447,3 +437,13 @@ class RedisSync(SizeSync):
         if self._waiters.queued_in_redis:
             return min(last + recheck, self._store.next_expiry)
         return float("inf")
+
+
+def _over(reply: SyncReply) -> str:
+    """What a renewal that re-registered leases over the limit says of it ("" if within)."""
+    if reply.held <= reply.limit:
+        return ""
+    return (
+        f" (over the limit: {reply.held} held for {reply.limit}, the work running here; "
+        "nothing is granted until it drains)"
+    )

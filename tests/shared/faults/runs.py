@@ -18,7 +18,7 @@ SCALE = float(os.environ.get("GYM_FAULT_SCALE", "1"))
 FAST = {"lease_seconds": LEASE, "redis_timeout": round(LEASE / 4, 3)}
 # Multiples of the lease for stalls and pauses (0.5x to 10x).
 MULTIPLES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 10.0)
-CONFIGURATION_KEYS = ("limit", "configured", "tally")  # kept when every process stops
+CONFIGURATION_KEYS = ("limit", "configured", "state")  # kept when every process stops
 
 
 def runs(count: int) -> int:

@@ -36,6 +36,7 @@ def limit_keys(client: redis.Redis, key: str, name: str) -> list[str]:
     return list(client.keys(pattern))
 
 
+@pytest.mark.timeout(60 + 6 * runs(10) * len(LOST))  # about 2.5 s a run
 def test_any_key_deleted_never_admits_over_the_limit(
     fleet: Fleet, witness: Witness, store: RedisServer, key: str
 ) -> None:
@@ -107,6 +108,7 @@ def evicting(tmp_path: Path) -> Iterator[RedisServer]:
     server.stop()
 
 
+@pytest.mark.timeout(60 + 10 * runs(10))
 def test_lru_eviction_under_memory_pressure_never_admits_over_the_limit(
     fleet: Fleet, witness: Witness, evicting: RedisServer
 ) -> None:
