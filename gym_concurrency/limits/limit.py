@@ -73,9 +73,11 @@ class LimitConfigurationError(Exception):
 class GlobalStatistics:
     """A limit shared across processes, across all of them as last seen (no Redis call)."""
 
-    active: int  # leases held in every process
+    active: int  # weight held in every process
     queue_depth: int  # waiters queued in every process
     connected: bool  # False while the store is known to be unreachable
+    queued_weight: int = 0  # the weight they ask for
+    flows: int = 0  # flows with a waiter in every process (one queue: 0 or 1 for now)
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,8 +80,8 @@ def check_ask(path: str, flow: str | None, weight: int | str, limit: int, scope:
             raise ValueError(f"flow {flow!r}: {path!r} has no such parameter (it has: {names})")
     if isinstance(weight, int) and weight > limit:
         raise ValueError(f"weight {weight} is more than max_concurrent {limit}: never admitted")
-    if scope == "global" and (flow is not None or weight != 1):
+    if scope == "global" and flow is not None:
         raise ValueError(
-            "a global limit counts requests in one flow (weights and flows across processes "
-            "are not supported yet): drop flow and weight, or use scope 'process'"
+            "a global limit serves one flow (flows across processes are not supported yet; "
+            "weights are): drop flow, or use scope 'process'"
         )

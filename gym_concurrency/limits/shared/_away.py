@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._checks import RedisUnavailable
 from ._fallback import Fallback
+from ._held import HeldLeases, lease_id
 from ._store import RedisStore
 from ._sync import RedisSync
 from ._waiters import Waiter, Waiters
@@ -29,7 +30,7 @@ class AwayMixin:
     _mode: RedisUnavailable
     _fallback: Fallback | None
     _fallback_ids: set[str]
-    _held: dict[str, float]
+    _held: HeldLeases
     _waiters: Waiters
     _sync: RedisSync
     _proc: str
@@ -51,7 +52,7 @@ class AwayMixin:
             self._waiters.end(waiter)
             waiter.future.set_result("unavailable")
             return
-        admitted = self._fallback.admit(lambda _: self._fallback_admitted(waiter))
+        admitted = self._fallback.admit(waiter.weight, lambda _: self._fallback_admitted(waiter))
         if isinstance(admitted, asyncio.Future):
             waiter.fallback = admitted
             return
@@ -59,13 +60,13 @@ class AwayMixin:
         if admitted == "shed":  # the local queue is full too
             self._shed += 1
         else:
-            self._hold_fallback()
+            self._hold_fallback(waiter.weight)
         waiter.future.set_result(admitted)
 
-    def _hold_fallback(self) -> None:
+    def _hold_fallback(self, weight: int) -> None:
         """A fallback slot was taken: it gets an id, so that once Redis answers again the
         heartbeat registers it as a lease before anything more is granted."""
-        lease = f"{self._proc}:{next(self._counter)}"
+        lease = lease_id(self._proc, next(self._counter), weight)
         with self._sync.lock:
             self._sync.unregistered.add(lease)
         self._fallback_ids.add(lease)
@@ -84,7 +85,7 @@ class AwayMixin:
             self._to_redis(waiter)
             return
         self._waiters.end(waiter)
-        self._hold_fallback()
+        self._hold_fallback(waiter.weight)
         waiter.future.set_result("admitted")
 
     def _to_redis(self, waiter: Waiter) -> None:
@@ -93,7 +94,7 @@ class AwayMixin:
         inner, waiter.fallback = waiter.fallback, None
         if inner is not None and self._fallback is not None:
             self._fallback.leave(inner)
-        self._waiters.name(waiter, f"{self._proc}:{next(self._counter)}")
+        self._waiters.name(waiter, lease_id(self._proc, next(self._counter), waiter.weight))
         self._sync.send(waiter)
 
     def _redis_back(self) -> None:

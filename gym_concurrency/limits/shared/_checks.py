@@ -10,6 +10,7 @@ from ._connection import SCHEMES, safe_url, sentinel_parts
 
 __all__ = [
     "RedisUnavailable",
+    "check_ask",
     "check_key",
     "check_mode",
     "check_name",
@@ -18,6 +19,21 @@ __all__ = [
 ]
 
 RedisUnavailable = Literal["refuse", "local"]
+
+
+def check_ask(describe: str, weight: int, flow: object, limit: int | None) -> None:
+    """ValueError for a weight that is not an int >= 1 or (`limit` given) more than it, or
+    for a flow: flows are not shared across processes yet (one FIFO queue, weighted)."""
+    if flow is not None:
+        raise ValueError(
+            f"{describe}: a global limit serves one flow (flow None) for now; got flow={flow!r}"
+        )
+    check_count("SharedLimit", "weight", weight, minimum=1)
+    if limit is not None and weight > limit and weight != 1:
+        raise ValueError(
+            f"{describe}: weight {weight} is more than the limit {limit}; it could never be "
+            "admitted"
+        )
 
 
 def check_url(url: object) -> None:

@@ -30,15 +30,19 @@ class Fallback:
         """Slots free in the fallback now."""
         return self._semaphore.available
 
+    def _weight(self, weight: int) -> int:
+        """A weight over the fallback's size takes all of it (it could never be admitted)."""
+        return min(weight, self._semaphore.limit)
+
     def admit(
-        self, on_admitted: Callable[[asyncio.Future[Admission]], None]
+        self, weight: int, on_admitted: Callable[[asyncio.Future[Admission]], None]
     ) -> Admission | asyncio.Future[Admission]:
-        """ "admitted" (a slot taken), "shed" (the local queue is full), or the future of the
-        wait in the local queue, which calls `on_admitted(future)` when it ends."""
-        semaphore = self._semaphore
-        if semaphore.try_acquire():
+        """ "admitted" (`weight` taken), "shed" (the local queue is full), or the future of
+        the wait in the local queue, which calls `on_admitted(future)` when it ends."""
+        semaphore, weight = self._semaphore, self._weight(weight)
+        if semaphore.try_acquire(weight):
             return "admitted"
-        inner = semaphore.enqueue()
+        inner = semaphore.enqueue(weight)
         if inner.done():
             return "shed"
 
@@ -54,9 +58,6 @@ class Fallback:
         """Stop waiting in the local queue (a slot just handed to `inner` passes on)."""
         self._semaphore.leave(inner)
 
-    def release(self) -> bool:
-        """Give a fallback slot back; False if none is held (the slot was a lease)."""
-        if self._semaphore.active <= 0:
-            return False
-        self._semaphore.release()
-        return True
+    def release(self, weight: int) -> None:
+        """Give back `weight` taken through the fallback."""
+        self._semaphore.release(self._weight(weight))

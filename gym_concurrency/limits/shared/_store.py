@@ -46,8 +46,9 @@ SHED: Final = 2
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """What every script answers: its status, the global size and counts, Redis's clock (µs)
-    and the milliseconds until the next lease expires or a grace period ends (-1: none)."""
+    """What every script answers: its status, the global size, the weight held and the
+    waiters queued, Redis's clock (µs), the milliseconds until a lease may expire or a grace
+    period ends (-1: none), and the weight queued."""
 
     status: int
     limit: int
@@ -55,6 +56,7 @@ class Reply:
     queued: int
     stamp: int
     expiry_ms: int
+    queued_weight: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +95,14 @@ class PendingSize:
     kind: Literal["configure", "resize"]
 
 
-def _head(raw: list[Any]) -> tuple[int, int, int, int, int, int]:
-    """The common head of a script's reply: status, limit, held, queued, stamp, expiry_ms."""
-    status, limit, held, queued, stamp, expiry_ms = (int(v) for v in raw[:6])
-    return status, limit, held, queued, stamp, expiry_ms
+_HEAD: Final = 7  # the common head's length: a script's own answers follow it
+
+
+def _head(raw: list[Any]) -> tuple[int, int, int, int, int, int, int]:
+    """The common head of a script's reply: status, limit, held, queued, stamp, expiry_ms,
+    queued_weight."""
+    status, limit, held, queued, stamp, expiry_ms, queued_weight = (int(v) for v in raw[:_HEAD])
+    return status, limit, held, queued, stamp, expiry_ms, queued_weight
 
 
 class RedisStore:
@@ -119,8 +125,9 @@ class RedisStore:
         self.mailbox_prefix = base_key + "mbox:"
         self.lease_ms = max(1, round(lease_seconds * 1000))
         self.limit = limit  # the global size as last seen (or as this process set it)
-        self.held = 0  # leases held across all processes, as last seen
+        self.held = 0  # weight held across all processes, as last seen
         self.queued = 0  # waiters queued across all processes, as last seen
+        self.queued_weight = 0  # the weight they ask for, as last seen
         self.next_expiry = math.inf  # (monotonic) when the next lease expires, as last seen
         self.state_missing = False  # a new connection found no state (a restart): renew now
         self.pending: PendingSize | None = PendingSize(limit, "configure")
@@ -185,7 +192,7 @@ class RedisStore:
     async def acquire(self, max_queue: int | None, ids: list[str]) -> AcquireReply:
         """Queue (or admit, or shed) waiters `ids`, in this order."""
         raw = await self._call("acquire", [-1 if max_queue is None else max_queue, *ids])
-        return AcquireReply(*_head(raw), statuses=tuple(int(s) for s in raw[6]))
+        return AcquireReply(*_head(raw), statuses=tuple(int(s) for s in raw[_HEAD]))
 
     async def remove(self, ids: list[str]) -> Reply:
         """Remove leases given back and waiters that left; their slots pass on."""
@@ -204,7 +211,7 @@ class RedisStore:
         """Renew `held` and `queued`, drop `drops`; learn of grants and of what Redis lost
         (from the heartbeat thread)."""
         raw = self._call_blocking("sync", [len(held), *held, len(queued), *queued, *drops])
-        granted, reclaimed, requeued = (tuple(ids) for ids in raw[6:9])
+        granted, reclaimed, requeued = (tuple(ids) for ids in raw[_HEAD : _HEAD + 3])
         return SyncReply(*_head(raw), granted=granted, reclaimed=reclaimed, requeued=requeued)
 
     def configure_blocking(self, pending: PendingSize) -> ConfigureReply:
@@ -267,6 +274,7 @@ class RedisStore:
                 return
             self._stamp = reply.stamp
             self.held, self.queued = reply.held, reply.queued
+            self.queued_weight = reply.queued_weight
             if self.pending is None or self.pending.kind != "resize":
                 self.limit = reply.limit  # (else this process's resize, not yet applied, wins)
             self.next_expiry = (
@@ -353,7 +361,7 @@ def _register(client: Any) -> dict[str, Any]:
 
 
 def _configure_reply(raw: list[Any]) -> ConfigureReply:
-    configured = str(raw[6])
+    configured, eviction = str(raw[_HEAD]), str(raw[_HEAD + 1])
     return ConfigureReply(
-        *_head(raw), configured=int(configured) if configured else None, eviction=str(raw[7])
+        *_head(raw), configured=int(configured) if configured else None, eviction=eviction
     )

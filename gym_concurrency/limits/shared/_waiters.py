@@ -14,15 +14,20 @@ __all__ = ["Waiter", "Waiters"]
 
 
 class Waiter:
-    """One local wait: `id` while it queues in Redis (None once it waits in the fallback),
-    `registered` once Redis has its ticket (`sent_at`: when it was sent, monotonic),
-    `fallback` its future in the local fallback."""
+    """One local wait for `weight`: `id` while it queues in Redis (None once it waits in the
+    fallback), `registered` once Redis has its ticket (`sent_at`: when it was sent,
+    monotonic), `fallback` its future in the local fallback."""
 
-    __slots__ = ("fallback", "future", "id", "registered", "sent_at", "timer", "unavailable")
+    __slots__ = (
+        "fallback", "future", "id", "registered", "sent_at", "timer", "unavailable", "weight",
+    )  # fmt: skip
 
-    def __init__(self, ident: str | None, future: asyncio.Future[Admission]) -> None:
+    def __init__(
+        self, ident: str | None, future: asyncio.Future[Admission], weight: int = 1
+    ) -> None:
         self.id = ident
         self.future = future
+        self.weight = weight
         self.registered = False
         self.sent_at = -math.inf
         self.timer: asyncio.TimerHandle | None = None
@@ -31,13 +36,15 @@ class Waiter:
 
 
 class Waiters:
-    """The waiters of this process in arrival order, each with its timeout timer."""
+    """The waiters of this process in arrival order, each with its timeout timer; `weight`
+    is what they ask for together."""
 
-    __slots__ = ("_by_future", "_by_id")
+    __slots__ = ("_by_future", "_by_id", "weight")
 
     def __init__(self) -> None:
         self._by_future: dict[asyncio.Future[Admission], Waiter] = {}
         self._by_id: dict[str, Waiter] = {}  # queued (or queueing) in Redis
+        self.weight = 0
 
     def __len__(self) -> int:
         return len(self._by_future)
@@ -51,6 +58,7 @@ class Waiters:
     ) -> Waiter:
         """Keep `waiter`; `on_timeout(waiter)` runs after `timeout` seconds unless it ends."""
         self._by_future[waiter.future] = waiter
+        self.weight += waiter.weight
         if waiter.id is not None:
             self._by_id[waiter.id] = waiter
         if timeout is not None:
@@ -59,7 +67,8 @@ class Waiters:
 
     def end(self, waiter: Waiter) -> None:
         """Forget `waiter` (it was admitted, refused, timed out or left)."""
-        self._by_future.pop(waiter.future, None)
+        if self._by_future.pop(waiter.future, None) is not None:
+            self.weight -= waiter.weight
         if waiter.id is not None:
             self._by_id.pop(waiter.id, None)
         if waiter.timer is not None:
@@ -108,3 +117,4 @@ class Waiters:
     def clear(self) -> None:
         self._by_future.clear()
         self._by_id.clear()
+        self.weight = 0

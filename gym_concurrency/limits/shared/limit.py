@@ -26,12 +26,21 @@ from typing import Final
 from .._base import LimitBase, check_count
 from ..deadlines import check_deadline
 from ..limit import Admission, GlobalStatistics, LimitConfigurationError, LimitStatistics
-from . import scripts
 from ._away import AwayMixin
-from ._checks import RedisUnavailable, check_key, check_mode, check_name, check_timing, check_url
+from ._checks import (
+    RedisUnavailable,
+    check_ask,
+    check_key,
+    check_mode,
+    check_name,
+    check_timing,
+    check_url,
+)
 from ._ends import EndsMixin
 from ._fallback import Fallback
+from ._held import HeldLeases, lease_id, total_weight
 from ._loops import Heartbeat, mailbox
+from ._settings import SettingsMixin
 from ._store import PendingSize, RedisStore
 from ._sync import RedisSync
 from ._waiters import Waiter, Waiters
@@ -45,12 +54,14 @@ LeaseLostHook = Callable[["SharedLimit", tuple[str, ...]], None]
 _CLOSE_SECONDS: Final = 2.0  # how long close() waits for in-flight Redis calls
 
 
-class SharedLimit(AwayMixin, EndsMixin, LimitBase):
+class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, LimitBase):
     """A FIFO concurrency limit shared across processes and hosts through Redis or Valkey.
 
-    The same contract as MeteredSemaphore, globally: never more than `limit` leases across all
-    processes, FIFO by ticket, `timeout` and `max_queue` (the global queue) per waiter, each
-    failed admission counted once in the process where it happened. When Redis cannot be
+    The same contract as MeteredSemaphore, globally: never more than `limit` weight held
+    across all processes (a lease each admission, carrying its weight), FIFO by ticket with
+    the oldest waiter never passed (one flow: flows are not shared across processes yet),
+    `timeout` and `max_queue` (the global queue) per waiter, each failed admission counted
+    once in the process where it happened. When Redis cannot be
     reached, `redis_unavailable="refuse"` ends an admission "unavailable" and `"local"` admits
     it through a process-local semaphore of `local_max_concurrent` slots (registered as
     leases once Redis answers again); both are counted in `admission_unavailable`.
@@ -118,8 +129,8 @@ class SharedLimit(AwayMixin, EndsMixin, LimitBase):
             describe=self._describe(),
         )
         # Slots held here, in the order taken: lease id (or the id a fallback slot will have
-        # in Redis) -> when Redis last confirmed it (monotonic).
-        self._held: dict[str, float] = {}
+        # in Redis) -> when Redis last confirmed it (monotonic); their weight.
+        self._held = HeldLeases()
         self._fallback_ids: set[str] = set()  # the fallback's slots among them
         self._on_lease_lost = on_lease_lost
         self._waiters = Waiters()
@@ -159,12 +170,12 @@ class SharedLimit(AwayMixin, EndsMixin, LimitBase):
 
     @property
     def active(self) -> int:
-        """Slots held in this process now (leases, and fallback slots while Redis was away)."""
-        return len(self._held)
+        """Weight held in this process now (leases, and fallback slots while Redis was away)."""
+        return self._held.weight
 
     @property
     def available(self) -> int:
-        """Slots free across all processes, as last seen; 0 while a shrunk limit drains.
+        """Weight free across all processes, as last seen; 0 while a shrunk limit drains.
         While Redis cannot be reached: 0 ("refuse"), or the local fallback's free slots."""
         if self._sync.refusing() or self._closed:
             return self._fallback.available if self._fallback is not None else 0
@@ -176,10 +187,15 @@ class SharedLimit(AwayMixin, EndsMixin, LimitBase):
         return len(self._waiters)
 
     @property
+    def queued_weight(self) -> int:
+        """The weight this process's waiters ask for."""
+        return self._waiters.weight
+
+    @property
     def global_active(self) -> int:
-        """Leases held across all processes, as last seen (at least this process's own: a
+        """Weight held across all processes, as last seen (at least this process's own: a
         grant can reach it before the answer that counted it)."""
-        return max(self._store.held, len(self._held) - len(self._fallback_ids))
+        return max(self._store.held, self._held.weight - total_weight(self._fallback_ids))
 
     @property
     def global_queue_depth(self) -> int:
@@ -199,37 +215,6 @@ class SharedLimit(AwayMixin, EndsMixin, LimitBase):
         return self._sync.lease_lost
 
     @property
-    def key(self) -> str:
-        """The name every process sharing this limit uses (default: `component/server/
-        limit_name`, those given)."""
-        return self._key
-
-    @property
-    def redis_keys(self) -> dict[str, str]:
-        """The Redis keys of this limit by role (mailboxes are `mailbox_prefix` + process)."""
-        return dict(zip(scripts.KEY_NAMES, self._store.keys, strict=True))
-
-    @property
-    def mailbox_prefix(self) -> str:
-        """The common prefix of this limit's per-process mailbox keys."""
-        return self._store.mailbox_prefix
-
-    @property
-    def lease_seconds(self) -> float:
-        """How long a lease outlives its process's last heartbeat."""
-        return self._lease_seconds
-
-    @property
-    def redis_unavailable(self) -> RedisUnavailable:
-        """What an admission does when Redis cannot be reached: "refuse" or "local"."""
-        return self._mode
-
-    @property
-    def local_max_concurrent(self) -> int | None:
-        """Slots of the process-local fallback ("local" mode), else None."""
-        return self._local_max
-
-    @property
     def connected(self) -> bool:
         """False while Redis is known to be unreachable (or leases of this process are lost
         and not counted in Redis again yet)."""
@@ -246,11 +231,17 @@ class SharedLimit(AwayMixin, EndsMixin, LimitBase):
             admission_timeouts=self._timeouts,
             admission_cancelled=self._cancelled,
             admission_shed=self._shed,
-            queued_weight=len(self._waiters),
+            queued_weight=self._waiters.weight,
             flows=int(bool(self._waiters)),
             admission_unavailable=self._unavailable,
             admission_lease_lost=self._sync.lease_lost,
-            shared=GlobalStatistics(self.global_active, store.queued, self.connected),
+            shared=GlobalStatistics(
+                self.global_active,
+                store.queued,
+                self.connected,
+                queued_weight=store.queued_weight,
+                flows=int(store.queued > 0),
+            ),
         )
 
     def locked(self) -> bool:
@@ -277,7 +268,7 @@ class SharedLimit(AwayMixin, EndsMixin, LimitBase):
     def try_acquire(self, weight: int = 1, flow: Hashable = None) -> bool:
         """Always False: a shared slot needs a round trip to Redis, so every admission goes
         through `enqueue()` (which never admits beyond the global limit)."""
-        self._counts_requests(weight, flow)
+        self._check_ask(weight, flow)
         return False
 
     def enqueue(
@@ -286,8 +277,9 @@ class SharedLimit(AwayMixin, EndsMixin, LimitBase):
         """Join the global queue: the future ends "admitted" (the slot is held), "timeout"
         (the limit's timeout or `deadline` seconds from now, the sooner; at once if past),
         "shed" (the global queue was full) or "unavailable" (Redis could not be reached and
-        the mode is "refuse"). ValueError for a weight or flow (not yet across processes)."""
-        self._counts_requests(weight, flow)
+        the mode is "refuse"). `weight` waits in FIFO order (never passed; a flow other than
+        None is not shared across processes yet: ValueError)."""
+        self._check_ask(weight, flow)
         loop = asyncio.get_running_loop() if self._closed else self._bind()
         future: asyncio.Future[Admission] = loop.create_future()
         timeout = self._timeout
@@ -299,9 +291,10 @@ class SharedLimit(AwayMixin, EndsMixin, LimitBase):
                 return future
             timeout = deadline if timeout is None else min(timeout, deadline)
         if self._sync.refusing() or self._closed:
-            self._unreachable(self._add(Waiter(None, future), loop, timeout))
+            self._unreachable(self._add(Waiter(None, future, weight), loop, timeout))
             return future
-        waiter = self._add(Waiter(f"{self._proc}:{next(self._counter)}", future), loop, timeout)
+        ident = lease_id(self._proc, next(self._counter), weight)
+        waiter = self._add(Waiter(ident, future, weight), loop, timeout)
         self._sync.send(waiter)
         return future
 
@@ -313,23 +306,18 @@ class SharedLimit(AwayMixin, EndsMixin, LimitBase):
         self._abandon(entry)
         return True
 
-    def _counts_requests(self, weight: int, flow: Hashable) -> None:
-        if weight != 1 or flow is not None:
-            raise ValueError(
-                f"{self._describe()}: a global limit counts requests, in one flow (weight 1, "
-                f"flow None); got weight={weight!r}, flow={flow!r}"
-            )
+    def _check_ask(self, weight: int, flow: Hashable, *, limit: bool = True) -> None:
+        check_ask(self._describe(), weight, flow, self._store.limit if limit else None)
 
     def release(self, weight: int = 1, flow: Hashable = None) -> None:
-        """Give a slot of this process back (a fallback slot first, else one of its leases,
-        which Redis hands to the longest waiter). Raises ValueError if none is held."""
-        self._counts_requests(weight, flow)
-        if self._fallback is not None and self._fallback.release():
-            lease = self._fallback_ids.pop()
-        elif len(self._held) > len(self._fallback_ids):
-            lease = next(i for i in reversed(self._held) if i not in self._fallback_ids)
-        else:
-            raise ValueError(f"{self._describe()} released with no slot held")
+        """Give back a slot of `weight` this process holds (a fallback slot first, else one
+        of its leases, which Redis hands on in FIFO order). ValueError if none is held."""
+        self._check_ask(weight, flow, limit=False)
+        lease = self._held.to_release(weight, self._fallback_ids, self._describe())
+        if lease in self._fallback_ids:
+            self._fallback_ids.discard(lease)
+            if self._fallback is not None:
+                self._fallback.release(weight)
         del self._held[lease]
         if not self._closed:
             self._sync.remove(lease)

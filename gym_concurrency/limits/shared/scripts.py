@@ -9,12 +9,14 @@ Keys, all under one hash tag so that they live in one cluster slot (`KEYS` order
 2. `queue`       ZSET waiter id -> ticket: the global queue, oldest first
 3. `wexp`        ZSET waiter id -> deadline (clock ms): a waiter whose process stops renewing
                  it is dropped, so a dead process never blocks the queue
-4. `leases`      ZSET lease id -> deadline (clock ms): the slots held now, one lease each
+4. `leases`      ZSET lease id -> deadline (clock ms): the weight held now, a lease each
+                 admission
 5. `configured`  the size processes start with (a runtime resize does not change it)
 6. `state`       HASH, read once (HMGET) and written once (HSET) by every script:
                  v, t  the limit's clock (ms) and Redis's time (ms) at the last call
-                 l     the limit; n, q  the leases held and waiters queued (the counts every
-                       decision reads: never a ZCARD on the admission path)
+                 l     the limit; n, w  the weight held and queued (what every decision
+                       reads: never a ZCARD on the admission path); c, q  the leases and
+                       waiters (ZCARD of `leases` and `queue`, as a renewal checks)
                  s     the last ticket; e  no lease expires before this (clock ms)
                  g     until when (Redis's ms) a grace period lasts
                  run   the run id of the Redis that keeps the state (see `CHECK_SERVER`)
@@ -30,13 +32,17 @@ most) finds the keys disagree with them and starts a grace period; `state` lost 
 missing while the size is known) starts one at once. A grace period hands out nothing
 while live processes re-register what they hold.
 
-Ids are `<proc>:<n>` and never sent twice: a waiter that is handed a slot keeps its id as
-the lease id, and the process part names the mailbox to notify. Every script takes the same
-first five arguments: mailbox prefix, lease milliseconds, the limit as last seen (restored
-if the state is gone), this process's id, and "1" if this process has seen the limit's
-state before (so that its absence means Redis lost it). Every script answers `{status,
-limit, leases held, waiters queued, stamp, expiry, ...}`: Redis's time in microseconds, and
-milliseconds until a lease may expire or the grace period ends (-1: neither).
+Ids are `<proc>:<n>`, or `<proc>:<n>*<w>` for a weight w other than 1, and never sent twice:
+a waiter that is handed a slot keeps its id as the lease id, the process part names the
+mailbox to notify, and the weight rides along (no lookup). FIFO by ticket with weights: the
+oldest waiter is never passed; capacity that frees is kept for it until its weight fits.
+
+Every script takes the same first five arguments: mailbox prefix, lease milliseconds, the
+limit as last seen (restored if the state is gone), this process's id, and "1" if this
+process has seen the limit's state before (so that its absence means Redis lost it).
+Every script answers `{status, limit, weight held, waiters queued, stamp, expiry, weight
+queued, ...}`: Redis's time in microseconds, and milliseconds until a lease may expire or
+the grace period ends (-1: neither).
 
 Commands per call, on the admission path: an admission 4 (TIME, HMGET, ZADD, HSET), a
 release 4, a waiter queued 5, a release that hands its slot on 9.
@@ -62,12 +68,22 @@ local t = redis.call('TIME')
 local real = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 -- The state (see the module's docstring), read once.
-local c = redis.call('HMGET', K_STATE, 'v', 't', 'l', 'n', 'q', 's', 'e', 'g', 'run')
+local c = redis.call('HMGET', K_STATE, 'v', 't', 'l', 'n', 'q', 's', 'e', 'g', 'run', 'c', 'w')
 local S = {
   limit = tonumber(c[3]), held = tonumber(c[4]), queued = tonumber(c[5]) or 0,
   seq = tonumber(c[6]) or 0, earliest = tonumber(c[7]) or 0, grace = tonumber(c[8]) or 0,
-  run = c[9],
+  run = c[9], leases = tonumber(c[10]) or 0, queued_weight = tonumber(c[11]) or 0,
 }
+
+-- A lease's (or waiter's) weight rides in its id: `<proc>:<n>` weighs 1, `<proc>:<n>*<w>` w.
+local function weight(id)
+  return tonumber(string.match(id, '%*(%d+)$')) or 1
+end
+local function weight_of(key)
+  local total, ids = 0, redis.call('ZRANGE', key, 0, -1)
+  for _, id in ipairs(ids) do total = total + weight(id) end
+  return total, #ids
+end
 
 -- The limit's clock (ms): Redis's time, except that a gap between two script calls counts
 -- for at most a third of a lease. Live processes call at least that often (their
@@ -89,7 +105,8 @@ end
 -- the keys. With the size still known, the state was lost under the limit (an eviction, a
 -- DEL; or written by an older version): a grace period.
 if S.held == nil then
-  S.held, S.queued = redis.call('ZCARD', K_LEASES), redis.call('ZCARD', K_QUEUE)
+  S.held, S.leases = weight_of(K_LEASES)
+  S.queued_weight, S.queued = weight_of(K_QUEUE)
   local last_ticket = redis.call('ZRANGE', K_QUEUE, -1, -1, 'WITHSCORES')
   if #last_ticket == 2 then S.seq = tonumber(last_ticket[2]) end
   S.earliest = 0
@@ -141,22 +158,24 @@ end
 
 local function add_lease(id, deadline)
   local added = redis.call('ZADD', K_LEASES, deadline, id)
-  if added == 1 and (S.held == 0 or deadline < S.earliest) then S.earliest = deadline end
-  S.held = S.held + added
+  if added == 1 and (S.leases == 0 or deadline < S.earliest) then S.earliest = deadline end
+  S.leases = S.leases + added
+  S.held = S.held + added * weight(id)
 end
 
 -- Drop leases whose process stopped renewing them, once one may have (`e`): a lease that
 -- expires takes its notification back if its process never read it (a process cut off
 -- must not be told of a slot that has gone to someone else meanwhile).
 local function reap_leases()
-  if S.held == 0 or now < S.earliest then return end
+  if S.leases == 0 or now < S.earliest then return end
   while true do
     local dead = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now, 'LIMIT', 0, 500)
     if #dead == 0 then break end
     for _, id in ipairs(dead) do
       redis.call('LREM', MBOX .. string.match(id, '^[^:]+'), 0, id)
+      S.held = S.held - weight(id)
     end
-    S.held = S.held - redis.call('ZREM', K_LEASES, unpack(dead))
+    S.leases = S.leases - redis.call('ZREM', K_LEASES, unpack(dead))
   end
   local first = redis.call('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')
   S.earliest = #first == 2 and tonumber(first[2]) or 0
@@ -169,21 +188,30 @@ local function reap_waiters()
   while true do
     local dead = redis.call('ZRANGEBYSCORE', K_WEXP, '-inf', now, 'LIMIT', 0, 500)
     if #dead == 0 then break end
-    S.queued = S.queued - redis.call('ZREM', K_QUEUE, unpack(dead))
+    for _, id in ipairs(dead) do
+      local gone = redis.call('ZREM', K_QUEUE, id)
+      S.queued, S.queued_weight = S.queued - gone, S.queued_weight - gone * weight(id)
+    end
     redis.call('ZREM', K_WEXP, unpack(dead))
   end
 end
 
--- Hand free slots to the oldest waiters: the lease keeps the waiter's deadline (its
+-- Hand free capacity to the oldest waiters: the lease keeps the waiter's deadline (its
 -- process renews it from then on) and the waiter's process is told through its mailbox.
--- Nothing while a grace period lasts, nothing while the leases fill the limit.
+-- Nothing while a grace period lasts; the oldest waiter is never passed: capacity that
+-- frees is kept for it until its weight fits.
 local function grant()
   if in_grace() then return end
   while S.held < S.limit and S.queued > 0 do
     local head = redis.call('ZPOPMIN', K_QUEUE)
-    if #head == 0 then S.queued = 0 return end  -- (the queue key was lost)
-    S.queued = S.queued - 1
+    if #head == 0 then S.queued, S.queued_weight = 0, 0 return end  -- (the queue key lost)
     local id = head[1]
+    local w = weight(id)
+    if S.held + w > S.limit then
+      redis.call('ZADD', K_QUEUE, head[2], id)  -- (back at its place, first)
+      return
+    end
+    S.queued, S.queued_weight = S.queued - 1, S.queued_weight - w
     local deadline = tonumber(redis.call('ZSCORE', K_WEXP, id))
     if deadline then
       redis.call('ZREM', K_WEXP, id)
@@ -197,20 +225,23 @@ end
 
 local function enqueue(id)
   S.seq = S.seq + 1
-  S.queued = S.queued + redis.call('ZADD', K_QUEUE, S.seq, id)
+  local added = redis.call('ZADD', K_QUEUE, S.seq, id)
+  S.queued, S.queued_weight = S.queued + added, S.queued_weight + added * weight(id)
   redis.call('ZADD', K_WEXP, now + TTL, id)
 end
 
 local function remove(id)
   if redis.call('ZREM', K_LEASES, id) == 1 then
-    S.held = S.held - 1
+    S.leases, S.held = S.leases - 1, S.held - weight(id)
     return
   end
-  S.queued = S.queued - redis.call('ZREM', K_QUEUE, id)
+  local gone = redis.call('ZREM', K_QUEUE, id)
+  S.queued, S.queued_weight = S.queued - gone, S.queued_weight - gone * weight(id)
   redis.call('ZREM', K_WEXP, id)
 end
 
--- Write the state once, and answer {status, limit, held, queued, stamp, expiry, ...}: the
+-- Write the state once, and answer {status, limit, held, queued, stamp, expiry, queued
+-- weight, ...} (held and queued weight in weight units, queued in waiters): the
 -- stamp (Redis's µs; scripts run one at a time) lets a client ignore an older answer that
 -- reaches it after a newer one; expiry is the milliseconds until a lease may expire or the
 -- grace period ends (-1: neither), when a process with waiters checks again.
@@ -220,13 +251,14 @@ local function answer(status, ...)
     S.run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
   end
   redis.call('HSET', K_STATE, 'v', now, 't', real, 'l', S.limit, 'n', S.held,
-    'q', S.queued, 's', S.seq, 'e', S.earliest, 'g', S.grace, 'run', S.run)
+    'q', S.queued, 's', S.seq, 'e', S.earliest, 'g', S.grace, 'run', S.run,
+    'c', S.leases, 'w', S.queued_weight)
   local expiry = -1
-  if S.held > 0 then expiry = math.max(0, S.earliest - now) end
+  if S.leases > 0 then expiry = math.max(0, S.earliest - now) end
   local grace = S.grace - real
   if grace > 0 and (expiry < 0 or grace < expiry) then expiry = grace end
   local stamp = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local out = {status, S.limit, S.held, S.queued, stamp, expiry}
+  local out = {status, S.limit, S.held, S.queued, stamp, expiry, S.queued_weight}
   for _, value in ipairs({...}) do out[#out + 1] = value end
   return out
 end
@@ -235,7 +267,8 @@ end
 # ARGV[6] max_queue (-1: unbounded), ARGV[7...] new waiter ids in this process's arrival
 # order. Each is admitted at once if nobody queues, no grace period runs and a slot is free,
 # shed if max_queue already wait, else queued with the next ticket. Answers {0, limit,
-# held, queued, stamp, expiry, statuses}: a status per id, 0 queued, 1 admitted, 2 shed.
+# held, queued, stamp, expiry, queued weight, statuses}: a status per id, 0 queued, 1
+# admitted (its weight fit), 2 shed.
 ACQUIRE: Final = (
     _PRELUDE
     + """
@@ -247,7 +280,7 @@ local statuses = {}
 for i = 7, #ARGV do
   local id = ARGV[i]
   local status = 0
-  if S.queued == 0 and not in_grace() and S.held < S.limit then
+  if S.queued == 0 and not in_grace() and S.held + weight(id) <= S.limit then
     add_lease(id, now + TTL)
     status = 1
   elseif max_queue >= 0 and S.queued >= max_queue then
@@ -262,7 +295,7 @@ return answer(0, statuses)
 )
 
 # ARGV[6...] ids: leases given back, waiters that left, anything to drop. Frees their slots
-# to the oldest waiters. Answers {0, limit, held, queued, stamp, expiry}. Idempotent.
+# to the oldest waiters. Answers the common head (see `answer`). Idempotent.
 REMOVE: Final = (
     _PRELUDE
     + """
@@ -275,7 +308,7 @@ return answer(0)
 )
 
 # A process closes: as REMOVE for ARGV[6...], and the process leaves the members and drops
-# its mailbox. Answers {0, limit, held, queued, stamp, expiry}.
+# its mailbox. Answers the common head.
 LEAVE: Final = (
     _PRELUDE
     + """
@@ -298,16 +331,18 @@ return answer(0)
 # back, a local fallback's slots): Redis then grants nothing until the work drains, where
 # leaving it out would hand the same slots out twice. Queued waiters are renewed, reported
 # if they were handed a slot, re-queued at the back if Redis lost them (or lost the queue).
-# Answers {0, limit, held, queued, stamp, expiry, granted ids, re-registered ids,
-# re-queued ids}.
+# Answers the common head, then granted ids, re-registered ids, re-queued ids.
 SYNC: Final = (
     _PRELUDE
     + """
 current_limit()
 if redis.call('EXISTS', K_LIMIT) == 0 then redis.call('SET', K_LIMIT, S.limit) end
 local leases, queued = redis.call('ZCARD', K_LEASES), redis.call('ZCARD', K_QUEUE)
-if leases < S.held then start_grace(TTL) end
-S.held, S.queued = leases, queued
+if leases ~= S.leases then  -- (fewer: the leases key was lost)
+  if leases < S.leases then start_grace(TTL) end
+  S.held, S.leases = weight_of(K_LEASES)
+end
+if queued ~= S.queued then S.queued_weight, S.queued = weight_of(K_QUEUE) end
 if leases == 0 then S.earliest = 0 end
 reap_waiters()
 member()
@@ -351,8 +386,8 @@ return answer(0, granted, reclaimed, requeued)
 # resize), or if no other process lives on the limit (a new configuration rolls out once
 # the old one's processes are gone). Otherwise it disagrees with live processes: status
 # CONFLICT, nothing changed. Growing hands the new slots to the oldest waiters at once;
-# shrinking revokes nothing. Answers {status, limit, held, queued, stamp, expiry,
-# configured size or "", the maxmemory-policy if a maxmemory is set or ""}.
+# shrinking revokes nothing. Answers the common head, then the configured size or "", and
+# the maxmemory-policy if a maxmemory is set or "".
 CONFIGURE: Final = (
     _PRELUDE
     + """

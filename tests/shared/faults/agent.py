@@ -1,7 +1,8 @@
 """One OS process holding a SharedLimit, driven by the fault tests through the witness Redis.
 
 `python -m tests.shared.faults.agent '<json>'` with {"name", "url", "witness_url", "key",
-"limit", "options", "connect"}. The agent reads commands from the witness (BLPOP
+"limit", "options", "connect", "weights"} (`weights`: what each `demand` admission asks
+for, picked at random; the witness counts weight). The agent reads commands from the witness (BLPOP
 `ctl:<name>`, JSON) and answers each on `ack:<name>`; the limit's own Redis is never used
 for control, so pausing, restarting or cutting it off leaves the agent steerable.
 
@@ -50,6 +51,7 @@ class Agent:
             del options["key"]
         self.limit = SharedLimit(config["limit"], redis_url=config["url"], **options)
         self.rng = random.Random(config.get("seed", 0))
+        self.weights: list[int] = config.get("weights") or [1]
         self.clients: list[asyncio.Task[None]] = []
         self.wanted = 0
         self.hold_range = (0.05, 0.1)
@@ -65,11 +67,11 @@ class Agent:
         """ "f" if the slot just admitted came from the local fallback (Redis is away)."""
         return "r" if self.limit.connected else "f"
 
-    async def take(self, who: str | None = None) -> str | None:
-        """One admission, tallied by how it ended; how the slot came if admitted."""
+    async def take(self, who: str | None = None, weight: int = 1) -> str | None:
+        """One admission of `weight`, tallied by how it ended; how the slot came if admitted."""
         self.seen["arrived"] += 1
         try:
-            await self.limit.acquire()
+            await self.limit.acquire(weight)
         except TimeoutError:
             self.seen["timeouts"] += 1
         except QueueFullError:
@@ -83,13 +85,14 @@ class Agent:
             self.seen["admitted"] += 1
             how = self.how()
             self.seen["fallback"] += how == "f"
-            await self.witnessed(1, how, who)
+            await self.witnessed(weight, how, who)
             return how
         return None
 
     async def client(self, number: int) -> None:
         while number < self.wanted:
-            how = await self.take()
+            weight = self.rng.choice(self.weights)
+            how = await self.take(weight=weight)
             if how is None:
                 await asyncio.sleep(self.nap)
                 continue
@@ -97,8 +100,8 @@ class Agent:
                 await asyncio.sleep(self.rng.uniform(*self.hold_range))
             finally:
                 # The held section ends (the witness is told) before the slot is given back.
-                await asyncio.shield(self.witnessed(-1, how))
-                self.limit.release()
+                await asyncio.shield(self.witnessed(-weight, how))
+                self.limit.release(weight)
 
     async def demand(self, clients: int, hold: list[float], nap: float = 0.05) -> dict[str, Any]:
         self.hold_range = (hold[0], hold[1])

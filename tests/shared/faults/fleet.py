@@ -76,6 +76,7 @@ class Fleet:
         *,
         connect: bool = True,
         wait: bool = True,
+        weights: list[int] | None = None,
         **options: Any,
     ) -> AgentProcess:
         config = {
@@ -86,6 +87,7 @@ class Fleet:
             "limit": limit,
             "options": options,
             "connect": connect,
+            "weights": weights,
             "seed": len(self.agents),
         }
         env = {**os.environ, "PYTHONPATH": str(ROOT)}

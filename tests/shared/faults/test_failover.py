@@ -47,7 +47,7 @@ def test_a_failover_during_a_flood_never_admits_over_the_limit(
     limit = 3
     holder = fleet.start("holder", deployment.url, limit, **FAST)
     waiting = fleet.start("waiting", deployment.url, limit, **FAST)
-    flooding = fleet.start("flooding", deployment.url, limit, **FAST)
+    flooding = fleet.start("flooding", deployment.url, limit, weights=[1, 2], **FAST)
     windows = []
     for run in range(runs(4)):
         way = ("crash", "planned")[run % 2]

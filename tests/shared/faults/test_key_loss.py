@@ -28,6 +28,7 @@ HOLD = [0.03, 0.08]
 LOSS_LEASE = 1.5 * LEASE
 OPTIONS = {**FAST, "lease_seconds": LOSS_LEASE}
 LOST = (*KEY_NAMES, "mbox")  # every key, and the mailboxes
+WEIGHTS = [1, 1, 2, 3]  # what the flooding clients ask for (the witness counts weight)
 
 
 def limit_keys(client: redis.Redis, key: str, name: str) -> list[str]:
@@ -42,7 +43,9 @@ def test_any_key_deleted_never_admits_over_the_limit(
 ) -> None:
     limit = 4
     holder = fleet.start("holder", store.url, limit, **OPTIONS)
-    others = [fleet.start(f"waiting{i}", store.url, limit, **OPTIONS) for i in range(2)]
+    others = [
+        fleet.start(f"waiting{i}", store.url, limit, weights=WEIGHTS, **OPTIONS) for i in range(2)
+    ]
     for agent in others:
         agent.ask("demand", clients=limit, hold=HOLD)
     client = store.client()
@@ -114,7 +117,10 @@ def test_lru_eviction_under_memory_pressure_never_admits_over_the_limit(
 ) -> None:
     limit = 4
     holder = fleet.start("holder", evicting.url, limit, **OPTIONS)
-    others = [fleet.start(f"waiting{i}", evicting.url, limit, **OPTIONS) for i in range(2)]
+    others = [
+        fleet.start(f"waiting{i}", evicting.url, limit, weights=WEIGHTS, **OPTIONS)
+        for i in range(2)
+    ]
     for agent in others:
         agent.ask("demand", clients=limit, hold=HOLD)
     windows = []

@@ -23,7 +23,7 @@ def test_a_process_cut_off_longer_than_its_lease_admits_nothing_new(
 ) -> None:
     limit = 3
     cut = fleet.start("cut", proxy.url, limit, **FAST)
-    other = fleet.start("other", store.url, limit, **FAST)
+    other = fleet.start("other", store.url, limit, weights=[1, 2], **FAST)
     other.ask("demand", clients=limit + 1, hold=HOLD)
     windows = []
     lost_before = 0

@@ -31,7 +31,8 @@ def test_a_paused_redis_expires_no_lease_for_the_time_it_was_stopped(
     if mode == "local":
         options["local_max_concurrent"] = LOCAL_MAX
     holder = fleet.start("holder", store.url, limit, **options)
-    waiting = fleet.start("waiting", store.url, limit, **options)  # queued through the pause
+    # queued through the pause, asking for weights 1 and 2
+    waiting = fleet.start("waiting", store.url, limit, weights=[1, 2], **options)
     waiting.ask("demand", clients=limit + 1, hold=HOLD)
     if mode == "local":  # waiters that give up after a quarter lease and come again: arrivals
         # during the pause, admitted by the fallback

@@ -26,14 +26,16 @@ def test_a_restart_then_a_join_or_a_resize_never_admits_over_the_limit(
 ) -> None:
     limit = 4
     holder = fleet.start("holder", store.url, limit, **OPTIONS)
-    waiting = fleet.start("waiting", store.url, limit, **OPTIONS)
+    waiting = fleet.start("waiting", store.url, limit, weights=[1, 2], **OPTIONS)
     waiting.ask("demand", clients=limit, hold=HOLD)
     windows = []
     for run in range(runs(10)):
         way = ("join", "resize")[run % 2]
         assert holder.ask("hold", slots=limit) == {"held": limit}
         if way == "join":  # started now, connected only once Redis is back (empty)
-            newcomer = fleet.start(f"new{run}", store.url, limit, connect=False, **OPTIONS)
+            newcomer = fleet.start(
+                f"new{run}", store.url, limit, connect=False, weights=[1, 2], **OPTIONS
+            )
         start = witness.mark(f"restart {run} ({way})")
         store.restart(down_seconds=0.1)
         if way == "join":

@@ -26,7 +26,7 @@ def test_a_blocked_event_loop_keeps_its_leases(
 ) -> None:
     limit = 2
     holder = fleet.start("holder", store.url, limit, **FAST)
-    other = fleet.start("other", store.url, limit, **FAST)
+    other = fleet.start("other", store.url, limit, weights=[1, 2], **FAST)
     other.ask("demand", clients=3, hold=[0.03, 0.08])
     windows = []
     for multiple in multiples():
