@@ -160,7 +160,8 @@ class LimitBase:
     def flow_statistics(self) -> list[FlowStatistics]:
         """Every flow that holds weight or waits now: here, only the default flow (None)."""
         active, waiting = self.active, self.queue_depth
-        return [FlowStatistics(None, active, waiting, waiting)] if active or waiting else []
+        flow = FlowStatistics(None, active, waiting, self.queued_weight)
+        return [flow] if active or waiting else []
 
     def resize(self, limit: int) -> None:
         """Change the number of slots; held slots are never revoked."""

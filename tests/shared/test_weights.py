@@ -27,6 +27,9 @@ async def test_held_weight_across_processes_never_passes_the_limit(limits: Limit
     assert shared is not None
     assert (shared.queue_depth, shared.queued_weight, shared.flows) == (2, 7, 1)
     assert (b.queued_weight, c.statistics().queued_weight) == (4, 3)
+    assert [(f.flow, f.held, f.queue_depth, f.queued_weight) for f in b.flow_statistics()] == [
+        (None, 0, 1, 4)
+    ]
     a.release(7)
     assert await asyncio.wait_for(heavy, 3) == "admitted"
     assert await asyncio.wait_for(light, 3) == "admitted"  # 4 + 3 fit together
