@@ -254,7 +254,13 @@ def gym_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GYM_CONCURRENCY_", "OTEL_"))}
     env["PATH"] = os.pathsep.join([str(Path(sys.prefix) / "bin"), env.get("PATH", "")])
     env.pop("PYTHONPATH", None)  # the checkout's own `benchmarks` would hide NeMo Gym's
-    return env
+    return env | doc_exports()
+
+
+def doc_exports(section: str = "Run it") -> dict[str, str]:
+    """The `export NAME=value` lines among the section's commands (Ray kept on 127.0.0.1)."""
+    exports = [c.removeprefix("export ") for c in doc_commands(section) if c.startswith("export ")]
+    return dict(word.split("=", 1) for line in exports for word in line.split())
 
 
 def copied_server(name: str, copy_as: str, changes: Mapping[str, Any]) -> list[str]:

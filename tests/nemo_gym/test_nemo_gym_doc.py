@@ -134,9 +134,10 @@ def test_every_code_block_is_a_file_or_run_here():
     others = [block for block in blocks("python") + blocks("yaml") if block not in files]
     [operation_limit_example] = others  # run by test_the_resources_server_limits_verify
     assert "class MathResourcesServer(" in operation_limit_example
-    assert len(blocks("text")) == 2  # the two tests below
+    assert len(blocks("text")) == 3  # the two tests below, and test_shipped.py's
     assert text_block("ServerErrorMiddleware")
     assert text_block("gym_concurrency: route /run")
+    assert text_block("driver [rollout_driver, rollouts]")
 
 
 @pytest.mark.timeout(INSTALL_SECONDS + 120)
@@ -158,7 +159,7 @@ def test_the_install_commands_work_in_a_fresh_venv(tmp_path: Path):
             (checkout / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, checkout / name)
     commands = doc_commands("Install")
-    assert commands[0].startswith("python3.13 -m venv .venv")
+    assert commands[1] == '"$PYTHON" -m venv .venv'  # the Python the first line picks
     env = gym_env()
     env["PATH"] = f"{Path(sys.base_prefix) / 'bin'}:{env['PATH']}"  # python3.13: this Python
     env.pop("VIRTUAL_ENV", None)

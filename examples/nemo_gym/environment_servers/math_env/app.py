@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 from gym_concurrency.middleware import (
+    AdaptiveLimit,
     ConcurrencyLimitMiddleware,
     ConcurrencySettings,
     ConcurrencyStatusView,
@@ -77,8 +78,9 @@ class MathEnvironmentServer(BaseEnvironmentServer[MathRequest, MathResponse]):
         )
 
     def client_for(self, server_name: str, max_concurrent: int) -> httpx.AsyncClient:
-        """Calls to `server_name`: each attempt holds one of `max_concurrent` slots, and a 429
-        or 503 is retried after its Retry-After, within a retry budget."""
+        """Calls to `server_name`: each attempt holds one of at most `max_concurrent` slots
+        (fewer while the server refuses), and a 429 or 503 is retried after its Retry-After,
+        within a retry budget."""
         server = get_first_server_config_dict(self.server_client.global_config_dict, server_name)
         limit = MeteredSemaphore(
             max_concurrent,
@@ -88,7 +90,7 @@ class MathEnvironmentServer(BaseEnvironmentServer[MathRequest, MathResponse]):
         )
         return httpx.AsyncClient(
             base_url=f"http://{server.host}:{server.port}",
-            transport=LimitedTransport(limit, retry=RetryPolicy()),
+            transport=LimitedTransport(limit, retry=RetryPolicy(), adaptive=finds(max_concurrent)),
             timeout=httpx.Timeout(None, connect=10),  # the episode's own deadline bounds it
         )
 
@@ -134,6 +136,15 @@ class MathEnvironmentServer(BaseEnvironmentServer[MathRequest, MathResponse]):
         metrics = await self._verifier.post("/aggregate_metrics", json=body.model_dump())
         metrics.raise_for_status()
         return AggregateMetrics.model_validate(metrics.json())
+
+
+def finds(max_concurrent: int) -> AdaptiveLimit:
+    """An outbound limit that finds what the next hop takes: it starts at `max_concurrent`,
+    shrinks after a window with a 429 / 503 (or a connection error) and grows back by one slot
+    after a window that used every slot, never above `max_concurrent`; latency never moves it."""
+    return AdaptiveLimit(
+        min_concurrent=1, max_concurrent=max_concurrent, algorithm="aimd", latency_tolerance=None
+    )
 
 
 if __name__ == "__main__":

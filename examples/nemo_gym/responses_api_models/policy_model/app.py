@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Response
 from gym_concurrency.middleware import (
+    AdaptiveLimit,
     ConcurrencyLimitMiddleware,
     ConcurrencySettings,
     ConcurrencyStatusView,
@@ -50,7 +51,7 @@ class PolicyModel(SimpleResponsesAPIModel):
         self._upstream = httpx.AsyncClient(
             base_url=self.config.openai_base_url,
             headers={"Authorization": f"Bearer {self.config.openai_api_key}"},
-            transport=LimitedTransport(limit, retry=RetryPolicy()),
+            transport=LimitedTransport(limit, retry=RetryPolicy(), adaptive=finds(limit.limit)),
             timeout=httpx.Timeout(None, connect=10),
         )
 
@@ -104,6 +105,15 @@ def _passed_on(answer: httpx.Response) -> Response:
         status_code=answer.status_code,
         headers=headers,
         media_type=answer.headers.get("content-type"),
+    )
+
+
+def finds(max_concurrent: int) -> AdaptiveLimit:
+    """An outbound limit that finds what the next hop takes: it starts at `max_concurrent`,
+    shrinks after a window with a 429 / 503 (or a connection error) and grows back by one slot
+    after a window that used every slot, never above `max_concurrent`; latency never moves it."""
+    return AdaptiveLimit(
+        min_concurrent=1, max_concurrent=max_concurrent, algorithm="aimd", latency_tolerance=None
     )
 
 
