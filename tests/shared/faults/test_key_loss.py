@@ -111,7 +111,7 @@ def evicting(tmp_path: Path) -> Iterator[RedisServer]:
     server.stop()
 
 
-@pytest.mark.timeout(60 + 10 * runs(10))
+@pytest.mark.timeout(60 + 25 * runs(10))
 def test_lru_eviction_under_memory_pressure_never_admits_over_the_limit(
     fleet: Fleet, witness: Witness, evicting: RedisServer
 ) -> None:
@@ -125,7 +125,8 @@ def test_lru_eviction_under_memory_pressure_never_admits_over_the_limit(
         agent.ask("demand", clients=limit, hold=HOLD)
     windows = []
     for run in range(runs(10)):
-        assert holder.ask("hold", slots=limit, wait=6 * LOSS_LEASE)["held"] == limit
+        # (Generous: keys evicted in the run before may cost a grace or a re-queue or two.)
+        assert holder.ask("hold", slots=limit, wait=15 * LOSS_LEASE)["held"] == limit
         start = witness.mark(f"pressure {run}")
         with MemoryPressure(evicting) as pressure:
             time.sleep(1.5 * LOSS_LEASE)
