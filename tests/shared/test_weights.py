@@ -73,6 +73,28 @@ async def test_a_waiter_that_times_out_takes_its_weight_out_of_the_queue(
     b.release(3)
 
 
+async def test_a_cancelled_weighted_waiter_takes_its_weight_out_of_the_queue(
+    limits: Limits,
+) -> None:
+    a, b, c = limits(3), limits(3), limits(3)
+    assert await a.enqueue(3) == "admitted"
+    heavy = asyncio.ensure_future(b.acquire(3))
+    await settle(a, b)
+    assert b.queued_weight == 3
+    heavy.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await heavy
+    assert (b.queued_weight, b.queue_depth, b.active) == (0, 0, 0)
+    assert b.admission_cancelled == 1
+    waiting = c.enqueue(2)  # nothing of the cancelled one left ahead of it
+    await settle(b, c)
+    a.release(3)
+    assert await asyncio.wait_for(waiting, 3) == "admitted"
+    await settle(a, b, c)
+    assert (b.active, c.active) == (0, 2)
+    c.release(2)
+
+
 async def test_what_cannot_work_fails_at_the_call_naming_it(limits: Limits) -> None:
     limit = limits(4)
     with pytest.raises(ValueError, match="weight 5 is more than the limit 4"):
