@@ -161,15 +161,15 @@ def _weight_reader(config: RouteLimit) -> WeightOf:
 
 
 def _flow(value: object) -> Hashable:
-    """A flow from a value read off the request: text (cut to MAX_FLOW_CHARACTERS), else the
-    default flow."""
+    """A flow from a value read off the request: text (cut to MAX_FLOW_CHARACTERS, NUL
+    replaced, as a global limit needs), else the default flow."""
     if isinstance(value, bytes):
         value = value.decode("latin-1")
     elif isinstance(value, int | float) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str) or not value:
         return None
-    return value[:MAX_FLOW_CHARACTERS]
+    return value[:MAX_FLOW_CHARACTERS].replace("\0", "\ufffd")
 
 
 def _count(value: object) -> int:

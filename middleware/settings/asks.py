@@ -71,8 +71,8 @@ WeightSource = Annotated[
 ]
 
 
-def check_ask(path: str, flow: str | None, weight: int | str, limit: int, scope: str) -> None:
-    """ValueError if the route's flow and weight do not fit its path, limit and scope."""
+def check_ask(path: str, flow: str | None, weight: int | str, limit: int) -> None:
+    """ValueError if the route's flow and weight do not fit its path and limit."""
     if flow is not None and flow.startswith("path:"):
         params = compile_path(path)[2]
         if flow[5:] not in params:
@@ -80,8 +80,3 @@ def check_ask(path: str, flow: str | None, weight: int | str, limit: int, scope:
             raise ValueError(f"flow {flow!r}: {path!r} has no such parameter (it has: {names})")
     if isinstance(weight, int) and weight > limit:
         raise ValueError(f"weight {weight} is more than max_concurrent {limit}: never admitted")
-    if scope == "global" and flow is not None:
-        raise ValueError(
-            "a global limit serves one flow (flows across processes are not supported yet; "
-            "weights are): drop flow, or use scope 'process'"
-        )

@@ -148,7 +148,7 @@ class RouteLimit(NumbersAreNumbers):
     @model_validator(mode="after")
     def _starts_within_its_adaptive_bounds(self) -> Self:
         _check_adaptive_start(self.adaptive, self.max_concurrent)
-        check_ask(self.path, self.flow, self.weight, self.max_concurrent, self.scope)
+        check_ask(self.path, self.flow, self.weight, self.max_concurrent)
         return self
 
     @field_validator("path")

@@ -209,7 +209,6 @@ async def test_a_client_that_leaves_while_queued_gives_back_its_weight(component
         ({"weight": 9}, "weight 9 is more than max_concurrent 2"),
         ({"weight": True}, "must be a number, got the boolean true"),
         ({"default_output_tokens": 0}, "greater than or equal to 1"),
-        ({"flow": "client", "scope": "global"}, "a global limit serves one flow"),
     ],
 )
 def test_bad_flow_and_weight_settings_name_what_was_wrong(route, message) -> None:  # type: ignore[no-untyped-def]

@@ -207,6 +207,46 @@ async def test_waiters_in_different_processes_are_admitted_in_arrival_order(
         servers.close()
 
 
+async def test_a_quiet_flow_in_one_process_is_not_queued_behind_another_processs_flood(
+    folder: Path, redis_server: RedisServer, key: str
+):
+    servers = Servers(
+        folder, redis_server.url, key, 2, GYM_CONCURRENCY_ROUTES=route(2, flow="header:x-env")
+    )
+    try:
+        flooded, quiet = servers.servers
+        async with httpx.AsyncClient(timeout=30) as client:
+
+            def post(
+                server: Uvicorn, env: str, tag: str, hold: float = 0.1
+            ) -> asyncio.Task[httpx.Response]:
+                params = {"tag": tag, "hold": hold}
+                return asyncio.create_task(
+                    client.post(f"{server.url}/run", params=params, headers={"x-env": env})
+                )
+
+            flood = [post(flooded, "flood", f"flood{n}", hold=1.0 + n) for n in range(2)]
+            deadline = time.monotonic() + 10
+            while peak(redis_server, key) < 2:  # both slots held by the flood
+                assert time.monotonic() < deadline, "the flood was never admitted"
+                await asyncio.sleep(0.02)
+            for n in range(2, 8):  # queued in that order
+                flood.append(post(flooded, "flood", f"flood{n}"))
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.05)
+            calm = post(quiet, "quiet", "quiet")  # the last to arrive, in another process
+            answers = await asyncio.gather(*flood, calm)
+        assert [a.status_code for a in answers] == [200] * 9
+        order = redis_server.client().lrange(key + ":order", 0, -1)
+        # The flood holds both slots; when one frees, the flood holds 1 and the quiet flow 0:
+        # the quiet request goes next, ahead of the flood's backlog (one FIFO queue would
+        # have put it last), and the flood keeps its own order.
+        assert order.index("quiet") == 2, order
+        assert [tag for tag in order if tag != "quiet"] == [f"flood{n}" for n in range(8)]
+    finally:
+        servers.close()
+
+
 @pytest.mark.parametrize("mode", ["refuse", "local"])
 async def test_an_unreachable_redis_is_answered_by_redis_unavailable_then_recovers(
     folder: Path, own_redis: RedisServer, redis_server: RedisServer, key: str, mode: str

@@ -99,13 +99,19 @@ async def test_what_cannot_work_fails_at_the_call_naming_it(limits: Limits) -> N
     limit = limits(4)
     with pytest.raises(ValueError, match="weight 5 is more than the limit 4"):
         limit.enqueue(5)
-    with pytest.raises(ValueError, match=r"serves one flow .*got flow='env-a'"):
-        await limit.acquire(1, "env-a")
+    with pytest.raises(ValueError, match=r"flow is None or a string .*got flow=7"):
+        await limit.acquire(1, 7)  # a flow is named the same in every process: a string
+    with pytest.raises(ValueError, match=r"without NUL .*got flow='a\\x00b'"):
+        limit.enqueue(1, "a\0b")
+    with pytest.raises(ValueError, match=r"at most 256 characters"):
+        limit.enqueue(1, "x" * 257)
     with pytest.raises(TypeError, match="weight must be an int"):
         limit.enqueue(1.5)  # type: ignore[arg-type]
     assert await limit.enqueue(2) == "admitted"
     with pytest.raises(ValueError, match=r"released weight 3, which no slot .* holds 2"):
         limit.release(3)
+    with pytest.raises(ValueError, match=r"released weight 2 in flow 'env-a', which no slot"):
+        limit.release(2, "env-a")
     limit.release(2)
     with pytest.raises(ValueError, match="released with no slot held"):
         limit.release()

@@ -60,13 +60,13 @@ class AwayMixin:
         if admitted == "shed":  # the local queue is full too
             self._shed += 1
         else:
-            self._hold_fallback(waiter.weight)
+            self._hold_fallback(waiter)
         waiter.future.set_result(admitted)
 
-    def _hold_fallback(self, weight: int) -> None:
-        """A fallback slot was taken: it gets an id, so that once Redis answers again the
-        heartbeat registers it as a lease before anything more is granted."""
-        lease = lease_id(self._proc, next(self._counter), weight)
+    def _hold_fallback(self, waiter: Waiter) -> None:
+        """A fallback slot was taken for `waiter`: it gets an id, so that once Redis answers
+        again the heartbeat registers it as a lease before anything more is granted."""
+        lease = lease_id(self._proc, next(self._counter), waiter.weight, waiter.flow)
         with self._sync.lock:
             self._sync.unregistered.add(lease)
         self._fallback_ids.add(lease)
@@ -85,7 +85,7 @@ class AwayMixin:
             self._to_redis(waiter)
             return
         self._waiters.end(waiter)
-        self._hold_fallback(waiter.weight)
+        self._hold_fallback(waiter)
         waiter.future.set_result("admitted")
 
     def _to_redis(self, waiter: Waiter) -> None:
@@ -94,7 +94,8 @@ class AwayMixin:
         inner, waiter.fallback = waiter.fallback, None
         if inner is not None and self._fallback is not None:
             self._fallback.leave(inner)
-        self._waiters.name(waiter, lease_id(self._proc, next(self._counter), waiter.weight))
+        ident = lease_id(self._proc, next(self._counter), waiter.weight, waiter.flow)
+        self._waiters.name(waiter, ident)
         self._sync.send(waiter)
 
     def _redis_back(self) -> None:

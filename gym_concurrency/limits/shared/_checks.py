@@ -3,12 +3,13 @@ the argument and what it got."""
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Final, Literal, get_args
 
 from .._base import check_count, check_seconds
 from ._connection import SCHEMES, safe_url, sentinel_parts
 
 __all__ = [
+    "MAX_FLOW_LENGTH",
     "RedisUnavailable",
     "check_ask",
     "check_key",
@@ -21,12 +22,20 @@ __all__ = [
 RedisUnavailable = Literal["refuse", "local"]
 
 
-def check_ask(describe: str, weight: int, flow: object, limit: int | None) -> None:
+MAX_FLOW_LENGTH: Final = 256
+
+
+def check_ask(describe: str, weight: int, flow: object, limit: int | None) -> str | None:
     """ValueError for a weight that is not an int >= 1 or (`limit` given) more than it, or
-    for a flow: flows are not shared across processes yet (one FIFO queue, weighted)."""
-    if flow is not None:
+    for a flow that is neither None nor a string Redis can order (no NUL, at most
+    MAX_FLOW_LENGTH characters): a flow is named the same in every process. Returns the
+    flow."""
+    name = flow if flow is None or isinstance(flow, str) else "\0"
+    if name is not None and ("\0" in name or len(name) > MAX_FLOW_LENGTH):
         raise ValueError(
-            f"{describe}: a global limit serves one flow (flow None) for now; got flow={flow!r}"
+            f"{describe}: a global limit's flow is None or a string of at most "
+            f"{MAX_FLOW_LENGTH} characters without NUL (the same name in every process); "
+            f"got flow={flow!r:.300}"
         )
     check_count("SharedLimit", "weight", weight, minimum=1)
     if limit is not None and weight > limit and weight != 1:
@@ -34,6 +43,7 @@ def check_ask(describe: str, weight: int, flow: object, limit: int | None) -> No
             f"{describe}: weight {weight} is more than the limit {limit}; it could never be "
             "admitted"
         )
+    return name
 
 
 def check_url(url: object) -> None:

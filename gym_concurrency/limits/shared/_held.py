@@ -1,22 +1,30 @@
 """The slots one process holds of a shared limit, by lease id, with their total weight: the
-weight rides in the id (`<proc>:<n>*<w>`, or `<proc>:<n>` for 1), as Redis reads it too."""
+weight and flow ride in the id (`<proc>:<n>`, then `*<w>` for a weight w other than 1, then
+`@<flow>` for a flow other than the default), as Redis reads them too."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["HeldLeases", "lease_id", "lease_weight", "total_weight"]
+__all__ = ["HeldLeases", "lease_flow", "lease_id", "lease_weight", "total_weight"]
 
 
-def lease_id(proc: str, number: int, weight: int) -> str:
-    """The id of a waiter (and of its lease once admitted) asking for `weight`."""
-    return f"{proc}:{number}" if weight == 1 else f"{proc}:{number}*{weight}"
+def lease_id(proc: str, number: int, weight: int, flow: str | None = None) -> str:
+    """The id of a waiter (and of its lease once admitted) asking for `weight` in `flow`."""
+    ident = f"{proc}:{number}" if weight == 1 else f"{proc}:{number}*{weight}"
+    return ident if flow is None else f"{ident}@{flow}"
 
 
 def lease_weight(lease: str) -> int:
     """The weight `lease` holds (or asks for)."""
-    _, star, weight = lease.rpartition("*")
+    _, star, weight = lease.partition("@")[0].partition("*")
     return int(weight) if star else 1
+
+
+def lease_flow(lease: str) -> str | None:
+    """The flow `lease` holds weight for (None: the default flow)."""
+    _, at, flow = lease.partition("@")
+    return flow if at else None
 
 
 def total_weight(leases: Iterable[str]) -> int:
@@ -47,17 +55,20 @@ class HeldLeases(dict[str, float]):
         super().clear()
         self.weight = 0
 
-    def to_release(self, weight: int, fallback: set[str], describe: str) -> str:
-        """The slot of `weight` a release gives back: one of `fallback` (the local
+    def to_release(self, weight: int, flow: str | None, fallback: set[str], describe: str) -> str:
+        """The slot of `weight` in `flow` a release gives back: one of `fallback` (the local
         fallback's) first, else the lease taken last; ValueError naming `describe` if none."""
-        fallen = (i for i in fallback if lease_weight(i) == weight)
-        leases = (i for i in reversed(self) if lease_weight(i) == weight)
-        lease = next(fallen, None) or next(leases, None)
+
+        def fits(lease: str) -> bool:
+            return lease_weight(lease) == weight and lease_flow(lease) == flow
+
+        lease = next(filter(fits, fallback), None) or next(filter(fits, reversed(self)), None)
         if lease is not None:
             return lease
-        if weight == 1 and not self:
+        if weight == 1 and flow is None and not self:
             raise ValueError(f"{describe} released with no slot held")
+        in_flow = "" if flow is None else f" in flow {flow!r}"
         raise ValueError(
-            f"{describe} released weight {weight}, which no slot of this process holds "
-            f"(it holds {self.weight} in {len(self)} slots)"
+            f"{describe} released weight {weight}{in_flow}, which no slot of this process "
+            f"holds (it holds {self.weight} in {len(self)} slots)"
         )

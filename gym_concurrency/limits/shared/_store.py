@@ -48,7 +48,7 @@ SHED: Final = 2
 class Reply:
     """What every script answers: its status, the global size, the weight held and the
     waiters queued, Redis's clock (µs), the milliseconds until a lease may expire or a grace
-    period ends (-1: none), and the weight queued."""
+    period ends (-1: none), the weight queued and the flows with a waiter."""
 
     status: int
     limit: int
@@ -57,6 +57,7 @@ class Reply:
     stamp: int
     expiry_ms: int
     queued_weight: int
+    flows: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,14 +96,16 @@ class PendingSize:
     kind: Literal["configure", "resize"]
 
 
-_HEAD: Final = 7  # the common head's length: a script's own answers follow it
+_HEAD: Final = 8  # the common head's length: a script's own answers follow it
 
 
-def _head(raw: list[Any]) -> tuple[int, int, int, int, int, int, int]:
+def _head(raw: list[Any]) -> tuple[int, int, int, int, int, int, int, int]:
     """The common head of a script's reply: status, limit, held, queued, stamp, expiry_ms,
-    queued_weight."""
-    status, limit, held, queued, stamp, expiry_ms, queued_weight = (int(v) for v in raw[:_HEAD])
-    return status, limit, held, queued, stamp, expiry_ms, queued_weight
+    queued_weight, flows."""
+    status, limit, held, queued, stamp, expiry_ms, queued_weight, flows = (
+        int(v) for v in raw[:_HEAD]
+    )
+    return status, limit, held, queued, stamp, expiry_ms, queued_weight, flows
 
 
 class RedisStore:
@@ -128,6 +131,7 @@ class RedisStore:
         self.held = 0  # weight held across all processes, as last seen
         self.queued = 0  # waiters queued across all processes, as last seen
         self.queued_weight = 0  # the weight they ask for, as last seen
+        self.flows = 0  # flows with a waiter, as last seen
         self.next_expiry = math.inf  # (monotonic) when the next lease expires, as last seen
         self.state_missing = False  # a new connection found no state (a restart): renew now
         self.pending: PendingSize | None = PendingSize(limit, "configure")
@@ -274,7 +278,7 @@ class RedisStore:
                 return
             self._stamp = reply.stamp
             self.held, self.queued = reply.held, reply.queued
-            self.queued_weight = reply.queued_weight
+            self.queued_weight, self.flows = reply.queued_weight, reply.flows
             if self.pending is None or self.pending.kind != "resize":
                 self.limit = reply.limit  # (else this process's resize, not yet applied, wins)
             self.next_expiry = (

@@ -14,20 +14,26 @@ __all__ = ["Waiter", "Waiters"]
 
 
 class Waiter:
-    """One local wait for `weight`: `id` while it queues in Redis (None once it waits in the
-    fallback), `registered` once Redis has its ticket (`sent_at`: when it was sent,
+    """One local wait for `weight` in `flow`: `id` while it queues in Redis (None once it
+    waits in the fallback), `registered` once Redis has its ticket (`sent_at`: when it was sent,
     monotonic), `fallback` its future in the local fallback."""
 
     __slots__ = (
-        "fallback", "future", "id", "registered", "sent_at", "timer", "unavailable", "weight",
+        "fallback", "flow", "future", "id", "registered", "sent_at", "timer", "unavailable",
+        "weight",
     )  # fmt: skip
 
     def __init__(
-        self, ident: str | None, future: asyncio.Future[Admission], weight: int = 1
+        self,
+        ident: str | None,
+        future: asyncio.Future[Admission],
+        weight: int = 1,
+        flow: str | None = None,
     ) -> None:
         self.id = ident
         self.future = future
         self.weight = weight
+        self.flow = flow
         self.registered = False
         self.sent_at = -math.inf
         self.timer: asyncio.TimerHandle | None = None
@@ -109,6 +115,10 @@ class Waiters:
         the heartbeat thread: the dict is copied at once (under the GIL) before it is read."""
         registered = (ident for ident, w in list(self._by_id.items()) if w.registered)
         return list(registered if at_most is None else itertools.islice(registered, at_most))
+
+    def flows(self) -> int:
+        """How many flows the waiters here are in (read at export: O(waiters))."""
+        return len({waiter.flow for waiter in self._by_future.values()})
 
     def all(self) -> list[Waiter]:
         """Every waiter, oldest first."""

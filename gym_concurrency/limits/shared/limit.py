@@ -58,8 +58,9 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, LimitBase):
     """A FIFO concurrency limit shared across processes and hosts through Redis or Valkey.
 
     The same contract as MeteredSemaphore, globally: never more than `limit` weight held
-    across all processes (a lease each admission, carrying its weight), FIFO by ticket with
-    the oldest waiter never passed (one flow: flows are not shared across processes yet),
+    across all processes (a lease each admission, carrying its weight and flow), fair
+    queuing by flow with the held weight and the order global (the head of the flow holding
+    the least weight first, FIFO within a flow, the waiter chosen next never passed),
     `timeout` and `max_queue` (the global queue) per waiter, each failed admission counted
     once in the process where it happened. When Redis cannot be
     reached, `redis_unavailable="refuse"` ends an admission "unavailable" and `"local"` admits
@@ -232,7 +233,7 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, LimitBase):
             admission_cancelled=self._cancelled,
             admission_shed=self._shed,
             queued_weight=self._waiters.weight,
-            flows=int(bool(self._waiters)),
+            flows=self._waiters.flows(),
             admission_unavailable=self._unavailable,
             admission_lease_lost=self._sync.lease_lost,
             shared=GlobalStatistics(
@@ -240,7 +241,7 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, LimitBase):
                 store.queued,
                 self.connected,
                 queued_weight=store.queued_weight,
-                flows=int(store.queued > 0),
+                flows=store.flows,
             ),
         )
 
@@ -277,9 +278,9 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, LimitBase):
         """Join the global queue: the future ends "admitted" (the slot is held), "timeout"
         (the limit's timeout or `deadline` seconds from now, the sooner; at once if past),
         "shed" (the global queue was full) or "unavailable" (Redis could not be reached and
-        the mode is "refuse"). `weight` waits in FIFO order (never passed; a flow other than
-        None is not shared across processes yet: ValueError)."""
-        self._check_ask(weight, flow)
+        the mode is "refuse"). `flow` (None or a string, named the same in every process) is
+        served fairly across processes; FIFO within it."""
+        flow = self._check_ask(weight, flow)
         loop = asyncio.get_running_loop() if self._closed else self._bind()
         future: asyncio.Future[Admission] = loop.create_future()
         timeout = self._timeout
@@ -291,10 +292,10 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, LimitBase):
                 return future
             timeout = deadline if timeout is None else min(timeout, deadline)
         if self._sync.refusing() or self._closed:
-            self._unreachable(self._add(Waiter(None, future, weight), loop, timeout))
+            self._unreachable(self._add(Waiter(None, future, weight, flow), loop, timeout))
             return future
-        ident = lease_id(self._proc, next(self._counter), weight)
-        waiter = self._add(Waiter(ident, future, weight), loop, timeout)
+        ident = lease_id(self._proc, next(self._counter), weight, flow)
+        waiter = self._add(Waiter(ident, future, weight, flow), loop, timeout)
         self._sync.send(waiter)
         return future
 
@@ -306,14 +307,14 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, LimitBase):
         self._abandon(entry)
         return True
 
-    def _check_ask(self, weight: int, flow: Hashable, *, limit: bool = True) -> None:
-        check_ask(self._describe(), weight, flow, self._store.limit if limit else None)
+    def _check_ask(self, weight: int, flow: Hashable, *, limit: bool = True) -> str | None:
+        return check_ask(self._describe(), weight, flow, self._store.limit if limit else None)
 
     def release(self, weight: int = 1, flow: Hashable = None) -> None:
-        """Give back a slot of `weight` this process holds (a fallback slot first, else one
-        of its leases, which Redis hands on in FIFO order). ValueError if none is held."""
-        self._check_ask(weight, flow, limit=False)
-        lease = self._held.to_release(weight, self._fallback_ids, self._describe())
+        """Give back a slot of `weight` in `flow` this process holds (a fallback slot first,
+        else one of its leases, which Redis hands on fairly). ValueError if none is held."""
+        flow = self._check_ask(weight, flow, limit=False)
+        lease = self._held.to_release(weight, flow, self._fallback_ids, self._describe())
         if lease in self._fallback_ids:
             self._fallback_ids.discard(lease)
             if self._fallback is not None:

@@ -1,10 +1,11 @@
 """One OS process holding a SharedLimit, driven by the fault tests through the witness Redis.
 
 `python -m tests.shared.faults.agent '<json>'` with {"name", "url", "witness_url", "key",
-"limit", "options", "connect", "weights"} (`weights`: what each `demand` admission asks
-for, picked at random; the witness counts weight). The agent reads commands from the witness (BLPOP
-`ctl:<name>`, JSON) and answers each on `ack:<name>`; the limit's own Redis is never used
-for control, so pausing, restarting or cutting it off leaves the agent steerable.
+"limit", "options", "connect", "weights", "flows"} (`weights`, `flows`: what each `demand`
+admission asks for and in which flow, picked at random; the witness counts weight). The
+agent reads commands from the witness (BLPOP `ctl:<name>`, JSON) and answers each on
+`ack:<name>`; the limit's own Redis is never used for control, so pausing, restarting or
+cutting it off leaves the agent steerable.
 
 Commands (`op`):
 - connect:  `await limit.connect()` (an agent started with "connect": false has not talked
@@ -52,6 +53,7 @@ class Agent:
         self.limit = SharedLimit(config["limit"], redis_url=config["url"], **options)
         self.rng = random.Random(config.get("seed", 0))
         self.weights: list[int] = config.get("weights") or [1]
+        self.flows: list[str | None] = config.get("flows") or [None]
         self.clients: list[asyncio.Task[None]] = []
         self.wanted = 0
         self.hold_range = (0.05, 0.1)
@@ -67,11 +69,14 @@ class Agent:
         """ "f" if the slot just admitted came from the local fallback (Redis is away)."""
         return "r" if self.limit.connected else "f"
 
-    async def take(self, who: str | None = None, weight: int = 1) -> str | None:
-        """One admission of `weight`, tallied by how it ended; how the slot came if admitted."""
+    async def take(
+        self, who: str | None = None, weight: int = 1, flow: str | None = None
+    ) -> str | None:
+        """One admission of `weight` in `flow`, tallied by how it ended; how the slot came if
+        admitted."""
         self.seen["arrived"] += 1
         try:
-            await self.limit.acquire(weight)
+            await self.limit.acquire(weight, flow)
         except TimeoutError:
             self.seen["timeouts"] += 1
         except QueueFullError:
@@ -91,8 +96,8 @@ class Agent:
 
     async def client(self, number: int) -> None:
         while number < self.wanted:
-            weight = self.rng.choice(self.weights)
-            how = await self.take(weight=weight)
+            weight, flow = self.rng.choice(self.weights), self.rng.choice(self.flows)
+            how = await self.take(weight=weight, flow=flow)
             if how is None:
                 await asyncio.sleep(self.nap)
                 continue
@@ -101,7 +106,7 @@ class Agent:
             finally:
                 # The held section ends (the witness is told) before the slot is given back.
                 await asyncio.shield(self.witnessed(-weight, how))
-                self.limit.release(weight)
+                self.limit.release(weight, flow)
 
     async def demand(self, clients: int, hold: list[float], nap: float = 0.05) -> dict[str, Any]:
         self.hold_range = (hold[0], hold[1])

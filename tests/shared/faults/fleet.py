@@ -77,6 +77,7 @@ class Fleet:
         connect: bool = True,
         wait: bool = True,
         weights: list[int] | None = None,
+        flows: list[str | None] | None = None,
         **options: Any,
     ) -> AgentProcess:
         config = {
@@ -88,6 +89,7 @@ class Fleet:
             "options": options,
             "connect": connect,
             "weights": weights,
+            "flows": flows,
             "seed": len(self.agents),
         }
         env = {**os.environ, "PYTHONPATH": str(ROOT)}

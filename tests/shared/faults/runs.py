@@ -16,6 +16,9 @@ LEASE = float(os.environ.get("GYM_FAULT_LEASE", "0.8"))
 # A multiple of each test's runs (the default: 10 runs of each fault the goals name).
 SCALE = float(os.environ.get("GYM_FAULT_SCALE", "1"))
 FAST = {"lease_seconds": LEASE, "redis_timeout": round(LEASE / 4, 3)}
+# The flows the flooding clients ask in (picked at random per admission): fair queuing
+# across processes runs through every fault, the default flow among them.
+FLOWS: list[str | None] = [None, "env-a", "env-b"]
 # Multiples of the lease for stalls and pauses (0.5x to 10x).
 MULTIPLES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 10.0)
 CONFIGURATION_KEYS = ("limit", "configured", "state")  # kept when every process stops

@@ -20,7 +20,16 @@ import pytest
 
 from tests.shared.faults.cluster import ClusterDeployment
 from tests.shared.faults.fleet import Fleet, unreconciled
-from tests.shared.faults.runs import FAST, LEASE, check, leftover_keys, measure, runs, summary
+from tests.shared.faults.runs import (
+    FAST,
+    FLOWS,
+    LEASE,
+    check,
+    leftover_keys,
+    measure,
+    runs,
+    summary,
+)
 from tests.shared.faults.sentinel import SentinelDeployment
 from tests.shared.faults.witness import Witness
 
@@ -47,7 +56,7 @@ def test_a_failover_during_a_flood_never_admits_over_the_limit(
     limit = 3
     holder = fleet.start("holder", deployment.url, limit, **FAST)
     waiting = fleet.start("waiting", deployment.url, limit, **FAST)
-    flooding = fleet.start("flooding", deployment.url, limit, weights=[1, 2], **FAST)
+    flooding = fleet.start("flooding", deployment.url, limit, weights=[1, 2], flows=FLOWS, **FAST)
     windows = []
     for run in range(runs(4)):
         way = ("crash", "planned")[run % 2]

@@ -17,7 +17,7 @@ import redis
 
 from gym_concurrency.limits.shared.scripts import KEY_NAMES
 from tests.shared.faults.fleet import Fleet, unreconciled
-from tests.shared.faults.runs import FAST, LEASE, check, measure, runs, summary
+from tests.shared.faults.runs import FAST, FLOWS, LEASE, check, measure, runs, summary
 from tests.shared.faults.witness import Witness
 from tests.shared.redis_server import RedisServer
 
@@ -44,7 +44,8 @@ def test_any_key_deleted_never_admits_over_the_limit(
     limit = 4
     holder = fleet.start("holder", store.url, limit, **OPTIONS)
     others = [
-        fleet.start(f"waiting{i}", store.url, limit, weights=WEIGHTS, **OPTIONS) for i in range(2)
+        fleet.start(f"waiting{i}", store.url, limit, weights=WEIGHTS, flows=FLOWS, **OPTIONS)
+        for i in range(2)
     ]
     for agent in others:
         agent.ask("demand", clients=limit, hold=HOLD)
@@ -118,7 +119,7 @@ def test_lru_eviction_under_memory_pressure_never_admits_over_the_limit(
     limit = 4
     holder = fleet.start("holder", evicting.url, limit, **OPTIONS)
     others = [
-        fleet.start(f"waiting{i}", evicting.url, limit, weights=WEIGHTS, **OPTIONS)
+        fleet.start(f"waiting{i}", evicting.url, limit, weights=WEIGHTS, flows=FLOWS, **OPTIONS)
         for i in range(2)
     ]
     for agent in others:

@@ -11,7 +11,7 @@ import time
 
 from tests.shared.faults.fleet import Fleet, unreconciled
 from tests.shared.faults.proxy import Proxy
-from tests.shared.faults.runs import FAST, LEASE, leftover_keys, measure, runs, summary
+from tests.shared.faults.runs import FAST, FLOWS, LEASE, leftover_keys, measure, runs, summary
 from tests.shared.faults.witness import Witness
 from tests.shared.redis_server import RedisServer
 
@@ -23,7 +23,7 @@ def test_a_process_cut_off_longer_than_its_lease_admits_nothing_new(
 ) -> None:
     limit = 3
     cut = fleet.start("cut", proxy.url, limit, **FAST)
-    other = fleet.start("other", store.url, limit, weights=[1, 2], **FAST)
+    other = fleet.start("other", store.url, limit, weights=[1, 2], flows=FLOWS, **FAST)
     other.ask("demand", clients=limit + 1, hold=HOLD)
     windows = []
     lost_before = 0

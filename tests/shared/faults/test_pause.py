@@ -11,7 +11,16 @@ import time
 import pytest
 
 from tests.shared.faults.fleet import Fleet, unreconciled
-from tests.shared.faults.runs import FAST, LEASE, Run, check, leftover_keys, multiples, summary
+from tests.shared.faults.runs import (
+    FAST,
+    FLOWS,
+    LEASE,
+    Run,
+    check,
+    leftover_keys,
+    multiples,
+    summary,
+)
 from tests.shared.faults.witness import Witness
 from tests.shared.redis_server import RedisServer
 
@@ -32,7 +41,7 @@ def test_a_paused_redis_expires_no_lease_for_the_time_it_was_stopped(
         options["local_max_concurrent"] = LOCAL_MAX
     holder = fleet.start("holder", store.url, limit, **options)
     # queued through the pause, asking for weights 1 and 2
-    waiting = fleet.start("waiting", store.url, limit, weights=[1, 2], **options)
+    waiting = fleet.start("waiting", store.url, limit, weights=[1, 2], flows=FLOWS, **options)
     waiting.ask("demand", clients=limit + 1, hold=HOLD)
     if mode == "local":  # waiters that give up after a quarter lease and come again: arrivals
         # during the pause, admitted by the fallback

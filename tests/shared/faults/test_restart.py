@@ -9,7 +9,16 @@ from __future__ import annotations
 import time
 
 from tests.shared.faults.fleet import Fleet, unreconciled
-from tests.shared.faults.runs import FAST, LEASE, check, leftover_keys, measure, runs, summary
+from tests.shared.faults.runs import (
+    FAST,
+    FLOWS,
+    LEASE,
+    check,
+    leftover_keys,
+    measure,
+    runs,
+    summary,
+)
 from tests.shared.faults.witness import Witness
 from tests.shared.redis_server import RedisServer
 
@@ -26,7 +35,7 @@ def test_a_restart_then_a_join_or_a_resize_never_admits_over_the_limit(
 ) -> None:
     limit = 4
     holder = fleet.start("holder", store.url, limit, **OPTIONS)
-    waiting = fleet.start("waiting", store.url, limit, weights=[1, 2], **OPTIONS)
+    waiting = fleet.start("waiting", store.url, limit, weights=[1, 2], flows=FLOWS, **OPTIONS)
     waiting.ask("demand", clients=limit, hold=HOLD)
     windows = []
     for run in range(runs(10)):
@@ -34,7 +43,7 @@ def test_a_restart_then_a_join_or_a_resize_never_admits_over_the_limit(
         assert holder.ask("hold", slots=limit) == {"held": limit}
         if way == "join":  # started now, connected only once Redis is back (empty)
             newcomer = fleet.start(
-                f"new{run}", store.url, limit, connect=False, weights=[1, 2], **OPTIONS
+                f"new{run}", store.url, limit, connect=False, weights=[1, 2], flows=FLOWS, **OPTIONS
             )
         start = witness.mark(f"restart {run} ({way})")
         store.restart(down_seconds=0.1)

@@ -10,6 +10,7 @@ import time
 from tests.shared.faults.fleet import Fleet, unreconciled
 from tests.shared.faults.runs import (
     FAST,
+    FLOWS,
     LEASE,
     check,
     leftover_keys,
@@ -26,7 +27,7 @@ def test_a_blocked_event_loop_keeps_its_leases(
 ) -> None:
     limit = 2
     holder = fleet.start("holder", store.url, limit, **FAST)
-    other = fleet.start("other", store.url, limit, weights=[1, 2], **FAST)
+    other = fleet.start("other", store.url, limit, weights=[1, 2], flows=FLOWS, **FAST)
     other.ask("demand", clients=3, hold=[0.03, 0.08])
     windows = []
     for multiple in multiples():

@@ -1,0 +1,255 @@
+"""The prelude every script of a shared limit starts with (`scripts`): its keys and
+arguments, the state read once, the limit's clock, grace periods, leases, the queue (with
+fair queuing by flow from `_lua_flows`), and `answer()`, which writes the state once and
+answers the common head. The keys, the state's fields and the ids are described in
+`scripts`."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from ._lua_flows import FLOW_FUNCTIONS
+
+__all__ = ["PRELUDE"]
+
+PRELUDE: Final = (
+    """
+local K_LIMIT, K_QUEUE, K_WEXP, K_LEASES, K_CONFIGURED, K_STATE, K_MEMBERS =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local K_FQ, K_READY, K_FHELD, K_DQ = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+local MBOX, TTL, PROC, CONTACTED = ARGV[1], tonumber(ARGV[2]), ARGV[4], ARGV[5] == '1'
+local t = redis.call('TIME')
+local real = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- The state (see the module's docstring), read once.
+local c = redis.call('HMGET', K_STATE, 'v', 't', 'l', 'n', 'q', 's', 'e', 'g', 'run', 'c', 'w',
+  'fw', 'fh', 'f0', 'x')
+local S = {
+  limit = tonumber(c[3]), held = tonumber(c[4]), queued = tonumber(c[5]) or 0,
+  seq = tonumber(c[6]) or 0, earliest = tonumber(c[7]) or 0, grace = tonumber(c[8]) or 0,
+  run = c[9], leases = tonumber(c[10]) or 0, queued_weight = tonumber(c[11]) or 0,
+  fw = tonumber(c[12]) or 0, fh = tonumber(c[13]) or 0, t0 = tonumber(c[14]) or 0,
+  chosen = c[15] or '',
+}
+
+-- A lease's (or waiter's) weight rides in its id: `<proc>:<n>` weighs 1, `<proc>:<n>*<w>` w
+-- (a flow, `@<flow>`, comes after it).
+local function weight(id)
+  return tonumber(string.match(id, '^[^@*]*%*(%d+)')) or 1
+end
+local function weight_of(key)
+  local total, ids = 0, redis.call('ZRANGE', key, 0, -1)
+  for _, id in ipairs(ids) do total = total + weight(id) end
+  return total, #ids
+end
+"""
+    + FLOW_FUNCTIONS
+    + """
+
+-- The limit's clock (ms): Redis's time, except that a gap between two script calls counts
+-- for at most a third of a lease. Live processes call at least that often (their
+-- heartbeats), so a longer gap is time Redis was stopped (SIGSTOP, a VM paused) or could
+-- not be reached: no lease expires for it, and its owners get a lease to renew.
+local now = real
+local v, last = tonumber(c[1]), tonumber(c[2])
+if v and last then now = v + math.min(math.max(0, real - last), math.floor(TTL / 3)) end
+
+-- A grace period of `ms`: nothing is granted while live processes re-register.
+local function start_grace(ms)
+  S.grace = math.max(S.grace, real + ms)
+end
+local function in_grace()
+  return S.grace > real
+end
+
+-- The counts are gone with the state (lost, or the limit's first call): counted again from
+-- the keys. With the size still known, the state was lost under the limit (an eviction, a
+-- DEL; or written by an older version): a grace period.
+if S.held == nil then
+  S.held, S.leases = weight_of(K_LEASES)
+  S.queued_weight, S.queued = weight_of(K_QUEUE)
+  local last_ticket = redis.call('ZRANGE', K_QUEUE, -1, -1, 'WITHSCORES')
+  if #last_ticket == 2 then S.seq = tonumber(last_ticket[2]) end
+  S.earliest = 0
+  if S.limit == nil then S.limit = tonumber(redis.call('GET', K_LIMIT)) end
+  if S.limit ~= nil then start_grace(TTL) end
+  reflow()
+end
+
+-- The state is missing. How long to hand out nothing while live processes re-register what
+-- they hold (ms; 0: nothing can be held): a lease if this process saw the state before, or
+-- if this Redis was promoted from a replica (a failover); if Redis started less than two
+-- seconds ago (a restart without persistence, found first by a process that never talked
+-- to it), until the processes that held slots are back: they try again every quarter
+-- second at most, and the first of them to come back finds the state restored and
+-- re-registers its leases. Else this is the limit's first start on a Redis that has been up.
+local function lost()
+  if CONTACTED then return TTL end
+  local server = redis.call('INFO', 'server')
+  local up = tonumber(string.match(server, 'uptime_in_seconds:(%d+)')) or 0
+  local young = math.min(TTL, math.max(2000, math.floor(TTL / 3) + 500))
+  if up * 1000 < young then return young end
+  local replication = redis.call('INFO', 'replication')
+  if (tonumber(string.match(replication, 'second_repl_offset:(-?%d+)')) or -1) >= 0 then
+    return TTL
+  end
+  return 0
+end
+
+local function set_limit(size)
+  redis.call('SET', K_LIMIT, size)
+  S.limit = size
+end
+
+-- Set `size` on a missing state; if it was lost, a grace period (see `lost`).
+local function restore(size)
+  set_limit(size)
+  local grace = lost()
+  if grace > 0 then start_grace(grace) end
+end
+
+-- The global size, restored from the one this process last saw if it is gone.
+local function current_limit()
+  if S.limit == nil then restore(tonumber(ARGV[3])) end
+  return S.limit
+end
+
+local function member()
+  redis.call('ZADD', K_MEMBERS, now + TTL, PROC)
+end
+
+local function add_lease(id, deadline)
+  local added = redis.call('ZADD', K_LEASES, deadline, id)
+  if added == 1 and (S.leases == 0 or deadline < S.earliest) then S.earliest = deadline end
+  S.leases = S.leases + added
+  if added == 1 then held_change(id, weight(id)) end
+end
+
+-- Drop leases whose process stopped renewing them, once one may have (`e`): a lease that
+-- expires takes its notification back if its process never read it (a process cut off
+-- must not be told of a slot that has gone to someone else meanwhile).
+local function reap_leases()
+  if S.leases == 0 or now < S.earliest then return end
+  while true do
+    local dead = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now, 'LIMIT', 0, 500)
+    if #dead == 0 then break end
+    for _, id in ipairs(dead) do
+      redis.call('LREM', MBOX .. string.match(id, '^[^:]+'), 0, id)
+      held_change(id, -weight(id))
+    end
+    S.leases = S.leases - redis.call('ZREM', K_LEASES, unpack(dead))
+  end
+  local first = redis.call('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')
+  S.earliest = #first == 2 and tonumber(first[2]) or 0
+end
+
+-- Waiter `id` leaves the queue (admitted, or gone); 1 if it was there.
+local function unqueue(id)
+  local ticket = S.fw > 0 and redis.call('ZSCORE', K_QUEUE, id)
+  if redis.call('ZREM', K_QUEUE, id) == 0 then return 0 end
+  S.queued, S.queued_weight = S.queued - 1, S.queued_weight - weight(id)
+  if ticket then flow_unqueue(id, ticket) end
+  return 1
+end
+
+-- Drop waiters and members whose process stopped renewing them (the heartbeat's scripts:
+-- a dead process's waiter at the head of the queue is skipped by `grant` meanwhile).
+local function reap_waiters()
+  redis.call('ZREMRANGEBYSCORE', K_MEMBERS, '-inf', now)
+  while true do
+    local dead = redis.call('ZRANGEBYSCORE', K_WEXP, '-inf', now, 'LIMIT', 0, 500)
+    if #dead == 0 then break end
+    for _, id in ipairs(dead) do unqueue(id) end
+    redis.call('ZREM', K_WEXP, unpack(dead))
+  end
+end
+
+-- The waiter chosen next in flow mode, taken out of the queue if its weight fits (nil, and
+-- kept as chosen, if not; nil, leaving flow mode, if the flows' keys were lost and hold
+-- nobody).
+local function flow_take()
+  local id = flow_next()
+  if id == nil then
+    reflow()
+    if S.fw == 0 then return nil end
+    id = flow_next()
+  end
+  if S.held + weight(id) > S.limit then S.chosen = id return nil end
+  unqueue(id)
+  return id
+end
+
+-- Hand free capacity to the oldest waiters: the lease keeps the waiter's deadline (its
+-- process renews it from then on) and the waiter's process is told through its mailbox.
+-- Nothing while a grace period lasts; the oldest waiter is never passed: capacity that
+-- frees is kept for it until its weight fits.
+local function grant()
+  if in_grace() then return end
+  while S.held < S.limit and S.queued > 0 do
+    local id = S.fw > 0 and flow_take()
+    if not id then
+      if S.fw > 0 then return end  -- (the one chosen does not fit)
+      local head = redis.call('ZPOPMIN', K_QUEUE)
+      if #head == 0 then S.queued, S.queued_weight = 0, 0 return end  -- (the queue key lost)
+      id = head[1]
+      if S.held + weight(id) > S.limit then
+        redis.call('ZADD', K_QUEUE, head[2], id)  -- (back at its place, first)
+        S.chosen = id
+        return
+      end
+      S.queued, S.queued_weight = S.queued - 1, S.queued_weight - weight(id)
+    end
+    local deadline = tonumber(redis.call('ZSCORE', K_WEXP, id))
+    if deadline then
+      redis.call('ZREM', K_WEXP, id)
+      if deadline >= now then
+        add_lease(id, deadline)
+        redis.call('RPUSH', MBOX .. string.match(id, '^[^:]+'), id)
+      end
+    end
+  end
+end
+
+local function enqueue(id)
+  S.seq = S.seq + 1
+  local added = redis.call('ZADD', K_QUEUE, S.seq, id)
+  S.queued, S.queued_weight = S.queued + added, S.queued_weight + added * weight(id)
+  redis.call('ZADD', K_WEXP, now + TTL, id)
+  if added == 1 then flow_enqueue(id, S.seq) end
+end
+
+local function remove(id)
+  if redis.call('ZREM', K_LEASES, id) == 1 then
+    S.leases = S.leases - 1
+    held_change(id, -weight(id))
+    return
+  end
+  unqueue(id)
+  redis.call('ZREM', K_WEXP, id)
+end
+
+-- Write the state once, and answer {status, limit, held, queued, stamp, expiry, queued
+-- weight, ...} (held and queued weight in weight units, queued in waiters): the
+-- stamp (Redis's µs; scripts run one at a time) lets a client ignore an older answer that
+-- reaches it after a newer one; expiry is the milliseconds until a lease may expire or the
+-- grace period ends (-1: neither), when a process with waiters checks again.
+local function answer(status, ...)
+  if S.queued == 0 then S.seq = 0 end  -- (tickets restart from anything)
+  if S.run == false then
+    S.run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
+  end
+  redis.call('HSET', K_STATE, 'v', now, 't', real, 'l', S.limit, 'n', S.held,
+    'q', S.queued, 's', S.seq, 'e', S.earliest, 'g', S.grace, 'run', S.run,
+    'c', S.leases, 'w', S.queued_weight, 'fw', S.fw, 'fh', S.fh, 'f0', S.t0, 'x', S.chosen)
+  local expiry = -1
+  if S.leases > 0 then expiry = math.max(0, S.earliest - now) end
+  local grace = S.grace - real
+  if grace > 0 and (expiry < 0 or grace < expiry) then expiry = grace end
+  local stamp = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local flows = S.fw > 0 and redis.call('ZCARD', K_READY) or math.min(S.queued, 1)
+  local out = {status, S.limit, S.held, S.queued, stamp, expiry, S.queued_weight, flows}
+  for _, value in ipairs({...}) do out[#out + 1] = value end
+  return out
+end
+"""
+)
