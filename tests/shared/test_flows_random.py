@@ -50,6 +50,7 @@ def check_keys(client: Any, limit: SharedLimit) -> None:
     if not named:
         assert ready == []
         return
+    assert int(state["fn"]) == len(ready)
     expected = sorted((by_flow[f], f"{int(t):015d}{i}") for f, (t, i) in heads.items())
     assert sorted((int(score), member) for member, score in ready) == expected
 

@@ -18,10 +18,12 @@ named waiters queued), the next waiter is the head of the flow holding the least
 - `fheld`  HASH flow -> weight its leases hold (named flows holding any); `S.fh` is their
            sum, so the default flow holds `S.held - S.fh`.
 
-`S.chosen` is the waiter chosen next that did not fit: it is never passed, and capacity that
-frees is kept for it (as in a process limit). Losing any of these keys admits nothing more
-(every decision reads the counts in `state`): `reflow()` rebuilds them from `queue` and
-`leases`, run when the state is rebuilt and whenever a renewal finds them disagree.
+In `state`: `fw` (`S.fw`), `fh` (`S.fh`), `f0` (`S.t0`), `x` (`S.chosen`), `fn` (`S.nf`, the
+flows in `ready`). `S.chosen` is the waiter chosen next that did not fit: it is never
+passed, and capacity that frees is kept for it (as in a process limit). Losing any of these
+keys admits nothing more (every decision reads the counts in `state`): `reflow()` rebuilds
+them from `queue` and `leases`, run when the state is rebuilt and whenever a renewal finds
+them disagree.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ local function held_by(flow)
   return S.held - S.fh
 end
 
+-- A waiting flow's head goes into `ready` (or is scored anew): `S.nf` counts the flows there.
+local function ready(held, head)
+  S.nf = S.nf + redis.call('ZADD', K_READY, held, head)
+end
+
 -- The weight held by `id`'s flow changes by `delta`; its head (if it waits) is scored anew.
 local function held_change(id, delta)
   S.held = S.held + delta
@@ -74,12 +81,12 @@ local function held_change(id, delta)
   end
   if S.fw == 0 then return end
   local head = head_of(flow)
-  if head then redis.call('ZADD', K_READY, 'XX', held, head) end
+  if head then ready(held, head) end
 end
 
 local function end_flow_mode()
   redis.call('DEL', K_READY, K_DQ, K_FQ)
-  S.fw, S.t0, S.chosen = 0, 0, ''
+  S.fw, S.t0, S.chosen, S.nf = 0, 0, '', 0
 end
 
 -- `id` joins the flows' order with `ticket` (it is in `queue` already).
@@ -88,36 +95,37 @@ local function flow_enqueue(id, ticket)
   if flow == nil then
     if S.fw == 0 then return end
     redis.call('ZADD', K_DQ, ticket, id)
-    if S.queued - S.fw == 1 then redis.call('ZADD', K_READY, held_by(nil), pad(ticket) .. id) end
+    if S.queued - S.fw == 1 then ready(held_by(nil), pad(ticket) .. id) end
     return
   end
   if S.fw == 0 then
     S.t0 = ticket
-    if S.queued > 1 then redis.call('ZADD', K_READY, held_by(nil), head_of(nil)) end
+    if S.queued > 1 then ready(held_by(nil), head_of(nil)) end
   end
   S.fw = S.fw + 1
   local member = pad(ticket) .. id
   redis.call('ZADD', K_FQ, 0, flow .. '\0' .. member)
-  if fq_first(flow) == flow .. '\0' .. member then
-    redis.call('ZADD', K_READY, held_by(flow), member)
-  end
+  if fq_first(flow) == flow .. '\0' .. member then ready(held_by(flow), member) end
 end
 
 -- Waiter `id` with `ticket` left the queue (admitted, or gone): the flows' order forgets it.
-local function flow_unqueue(id, ticket)
+-- Its flow's next head takes its place in `ready`, unless `later` (the caller's lease for it
+-- rescores the flow at once).
+local function flow_unqueue(id, ticket, later)
   if S.fw == 0 then return end
   if S.chosen == id then S.chosen = '' end
   local flow, member = flow_of(id), pad(ticket) .. id
   local was_head = redis.call('ZREM', K_READY, member) == 1
+  if was_head then S.nf = S.nf - 1 end
   if flow then
     S.fw = S.fw - redis.call('ZREM', K_FQ, flow .. '\0' .. member)
   else
     redis.call('ZREM', K_DQ, id)
   end
   if S.fw == 0 then end_flow_mode() return end
-  if was_head then
+  if was_head and not later then
     local head = head_of(flow)
-    if head then redis.call('ZADD', K_READY, held_by(flow), head) end
+    if head then ready(held_by(flow), head) end
   end
 end
 
@@ -131,7 +139,7 @@ local function flow_next()
   end
   local top = redis.call('ZRANGE', K_READY, 0, 0)
   if #top == 0 then return nil end
-  return string.sub(top[1], 16), tonumber(string.sub(top[1], 1, 15))
+  return string.sub(top[1], 16), string.sub(top[1], 1, 15)
 end
 
 -- Rebuild the flows' order and held weights from `queue` and `leases` (O(waiters + leases)):
@@ -163,9 +171,7 @@ local function reflow()
     if heads[name] == nil then heads[name] = {member, flow} end
   end
   if S.fw == 0 then end_flow_mode() return end
-  for _, head in pairs(heads) do
-    redis.call('ZADD', K_READY, held_by(head[2]), head[1])
-  end
+  for _, head in pairs(heads) do ready(held_by(head[2]), head[1]) end
 end
 
 -- True if the flows' keys disagree with the counts (one of them lost): a renewal reflows.
@@ -174,6 +180,6 @@ local function flows_broken()
   if S.fw == 0 then return false end
   local defaults = redis.call('ZCARD', K_DQ) + redis.call('ZCOUNT', K_QUEUE, '-inf', '(' .. S.t0)
   return redis.call('ZCARD', K_FQ) ~= S.fw or defaults ~= S.queued - S.fw
-    or redis.call('EXISTS', K_READY) == 0
+    or redis.call('ZCARD', K_READY) ~= S.nf
 end
 """

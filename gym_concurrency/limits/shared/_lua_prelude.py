@@ -23,13 +23,13 @@ local real = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 -- The state (see the module's docstring), read once.
 local c = redis.call('HMGET', K_STATE, 'v', 't', 'l', 'n', 'q', 's', 'e', 'g', 'run', 'c', 'w',
-  'fw', 'fh', 'f0', 'x')
+  'fw', 'fh', 'f0', 'x', 'fn')
 local S = {
   limit = tonumber(c[3]), held = tonumber(c[4]), queued = tonumber(c[5]) or 0,
   seq = tonumber(c[6]) or 0, earliest = tonumber(c[7]) or 0, grace = tonumber(c[8]) or 0,
   run = c[9], leases = tonumber(c[10]) or 0, queued_weight = tonumber(c[11]) or 0,
   fw = tonumber(c[12]) or 0, fh = tonumber(c[13]) or 0, t0 = tonumber(c[14]) or 0,
-  chosen = c[15] or '',
+  chosen = c[15] or '', nf = tonumber(c[16]) or 0,
 }
 
 -- A lease's (or waiter's) weight rides in its id: `<proc>:<n>` weighs 1, `<proc>:<n>*<w>` w
@@ -123,6 +123,7 @@ local function add_lease(id, deadline)
   if added == 1 and (S.leases == 0 or deadline < S.earliest) then S.earliest = deadline end
   S.leases = S.leases + added
   if added == 1 then held_change(id, weight(id)) end
+  return added == 1
 end
 
 -- Drop leases whose process stopped renewing them, once one may have (`e`): a lease that
@@ -143,12 +144,13 @@ local function reap_leases()
   S.earliest = #first == 2 and tonumber(first[2]) or 0
 end
 
--- Waiter `id` leaves the queue (admitted, or gone); 1 if it was there.
-local function unqueue(id)
-  local ticket = S.fw > 0 and redis.call('ZSCORE', K_QUEUE, id)
+-- Waiter `id` leaves the queue (admitted, or gone); 1 if it was there. `ticket` if known;
+-- `later` as for `flow_unqueue`.
+local function unqueue(id, ticket, later)
+  ticket = ticket or (S.fw > 0 and redis.call('ZSCORE', K_QUEUE, id))
   if redis.call('ZREM', K_QUEUE, id) == 0 then return 0 end
   S.queued, S.queued_weight = S.queued - 1, S.queued_weight - weight(id)
-  if ticket then flow_unqueue(id, ticket) end
+  if ticket then flow_unqueue(id, ticket, later) end
   return 1
 end
 
@@ -168,15 +170,24 @@ end
 -- kept as chosen, if not; nil, leaving flow mode, if the flows' keys were lost and hold
 -- nobody).
 local function flow_take()
-  local id = flow_next()
+  local id, ticket = flow_next()
   if id == nil then
     reflow()
     if S.fw == 0 then return nil end
-    id = flow_next()
+    id, ticket = flow_next()
   end
   if S.held + weight(id) > S.limit then S.chosen = id return nil end
-  unqueue(id)
+  unqueue(id, ticket, true)  -- (its lease, or `rescore`, puts its flow's next head in)
   return id
+end
+
+-- The head of `id`'s flow into `ready`, if it waits (after a waiter taken `later` got no
+-- lease: its process had stopped).
+local function rescore(id)
+  if S.fw == 0 then return end
+  local flow = flow_of(id)
+  local head = head_of(flow)
+  if head then ready(held_by(flow), head) end
 end
 
 -- Hand free capacity to the oldest waiters: the lease keeps the waiter's deadline (its
@@ -199,14 +210,15 @@ local function grant()
       end
       S.queued, S.queued_weight = S.queued - 1, S.queued_weight - weight(id)
     end
-    local deadline = tonumber(redis.call('ZSCORE', K_WEXP, id))
+    local deadline, leased = tonumber(redis.call('ZSCORE', K_WEXP, id)), false
     if deadline then
       redis.call('ZREM', K_WEXP, id)
       if deadline >= now then
-        add_lease(id, deadline)
+        leased = add_lease(id, deadline)
         redis.call('RPUSH', MBOX .. string.match(id, '^[^:]+'), id)
       end
     end
+    if not leased then rescore(id) end
   end
 end
 
@@ -240,13 +252,14 @@ local function answer(status, ...)
   end
   redis.call('HSET', K_STATE, 'v', now, 't', real, 'l', S.limit, 'n', S.held,
     'q', S.queued, 's', S.seq, 'e', S.earliest, 'g', S.grace, 'run', S.run,
-    'c', S.leases, 'w', S.queued_weight, 'fw', S.fw, 'fh', S.fh, 'f0', S.t0, 'x', S.chosen)
+    'c', S.leases, 'w', S.queued_weight, 'fw', S.fw, 'fh', S.fh, 'f0', S.t0, 'x', S.chosen,
+    'fn', S.nf)
   local expiry = -1
   if S.leases > 0 then expiry = math.max(0, S.earliest - now) end
   local grace = S.grace - real
   if grace > 0 and (expiry < 0 or grace < expiry) then expiry = grace end
   local stamp = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local flows = S.fw > 0 and redis.call('ZCARD', K_READY) or math.min(S.queued, 1)
+  local flows = S.fw > 0 and S.nf or math.min(S.queued, 1)
   local out = {status, S.limit, S.held, S.queued, stamp, expiry, S.queued_weight, flows}
   for _, value in ipairs({...}) do out[#out + 1] = value end
   return out

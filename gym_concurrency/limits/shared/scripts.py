@@ -20,6 +20,7 @@ Keys, all under one hash tag so that they live in one cluster slot (`KEYS` order
                  s     the last ticket; e  no lease expires before this (clock ms)
                  g     until when (Redis's ms) a grace period lasts
                  run   the run id of the Redis that keeps the state (see `CHECK_SERVER`)
+                 fw, fh, f0, x, fn  fair queuing by flow (see `_lua_flows`)
 7. `members`     ZSET process id -> deadline (clock ms): the processes alive on this limit
 8-11. `fq`, `ready`, `fheld`, `dq`: fair queuing by flow (see `_lua_flows`)
 12. `mbox:<proc>` LIST of lease ids granted to process `<proc>` (its waiters are woken by

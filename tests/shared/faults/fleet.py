@@ -157,3 +157,21 @@ def unreconciled(finals: dict[str, dict[str, Any]]) -> list[str]:
         if not fits or final["active"] or final["queue_depth"]:
             wrong.append(f"{name}: {final}")
     return wrong
+
+
+def hold_all(
+    holder: AgentProcess,
+    limit: int,
+    others: list[tuple[AgentProcess, dict[str, Any]]],
+    **options: Any,
+) -> None:
+    """`holder` takes every slot, then each of `others` (an agent and its `demand` arguments)
+    demands again and queues behind it. The others' clients pause meanwhile: fair queuing by
+    flow would keep giving their flows a share of every slot that frees, and the holder's
+    default flow would never hold the whole limit."""
+    for agent, demand in others:
+        agent.ask("demand", **{**demand, "clients": 0})
+    held = holder.ask("hold", slots=limit, **options)
+    assert held == {"held": limit}, held
+    for agent, demand in others:
+        agent.ask("demand", **demand)

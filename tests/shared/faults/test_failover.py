@@ -60,9 +60,9 @@ def test_a_failover_during_a_flood_never_admits_over_the_limit(
     windows = []
     for run in range(runs(4)):
         way = ("crash", "planned")[run % 2]
+        for agent in (waiting, flooding):  # (fair queuing would keep giving them a share)
+            agent.ask("demand", clients=0, hold=HOLD)
         if way == "crash":  # the replica keeps an idle limit; what follows never reaches it
-            for agent in (waiting, flooding):
-                agent.ask("demand", clients=0, hold=HOLD)
             time.sleep(0.3)
             deployment.hold_back_replica(key)
         assert holder.ask("hold", slots=limit) == {"held": limit}

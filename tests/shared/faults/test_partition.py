@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from tests.shared.faults.fleet import Fleet, unreconciled
+from tests.shared.faults.fleet import Fleet, hold_all, unreconciled
 from tests.shared.faults.proxy import Proxy
 from tests.shared.faults.runs import FAST, FLOWS, LEASE, leftover_keys, measure, runs, summary
 from tests.shared.faults.witness import Witness
@@ -29,7 +29,7 @@ def test_a_process_cut_off_longer_than_its_lease_admits_nothing_new(
     lost_before = 0
     for run in range(runs(6)):
         mode = ("blackhole", "drop", "reset")[run % 3]
-        assert cut.ask("hold", slots=limit) == {"held": limit}
+        hold_all(cut, limit, [(other, {"clients": limit + 1, "hold": HOLD})])
         cut.ask("demand", clients=2, hold=HOLD)  # its own new arrivals, queued behind
         start = witness.mark(f"cut {run} ({mode})")
         proxy.mode = mode

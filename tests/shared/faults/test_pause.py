@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.shared.faults.fleet import Fleet, unreconciled
+from tests.shared.faults.fleet import Fleet, hold_all, unreconciled
 from tests.shared.faults.runs import (
     FAST,
     FLOWS,
@@ -42,14 +42,16 @@ def test_a_paused_redis_expires_no_lease_for_the_time_it_was_stopped(
     holder = fleet.start("holder", store.url, limit, **options)
     # queued through the pause, asking for weights 1 and 2
     waiting = fleet.start("waiting", store.url, limit, weights=[1, 2], flows=FLOWS, **options)
-    waiting.ask("demand", clients=limit + 1, hold=HOLD)
+    demand = [(waiting, {"clients": limit + 1, "hold": HOLD})]
     if mode == "local":  # waiters that give up after a quarter lease and come again: arrivals
         # during the pause, admitted by the fallback
         arriving = fleet.start("arriving", store.url, limit, timeout=LEASE / 4, **options)
-        arriving.ask("demand", clients=2, hold=FALLBACK_HOLD)
+        demand.append((arriving, {"clients": 2, "hold": FALLBACK_HOLD}))
+    for agent, asked in demand:
+        agent.ask("demand", **asked)
     windows = []
     for multiple in multiples():
-        assert holder.ask("hold", slots=limit) == {"held": limit}
+        hold_all(holder, limit, demand)
         start = witness.mark(f"pause {multiple}x")
         store.pause()
         time.sleep(multiple * LEASE)

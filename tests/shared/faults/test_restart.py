@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from tests.shared.faults.fleet import Fleet, unreconciled
+from tests.shared.faults.fleet import Fleet, hold_all, unreconciled
 from tests.shared.faults.runs import (
     FAST,
     FLOWS,
@@ -40,7 +40,7 @@ def test_a_restart_then_a_join_or_a_resize_never_admits_over_the_limit(
     windows = []
     for run in range(runs(10)):
         way = ("join", "resize")[run % 2]
-        assert holder.ask("hold", slots=limit) == {"held": limit}
+        hold_all(holder, limit, [(waiting, {"clients": limit, "hold": HOLD})])
         if way == "join":  # started now, connected only once Redis is back (empty)
             newcomer = fleet.start(
                 f"new{run}", store.url, limit, connect=False, weights=[1, 2], flows=FLOWS, **OPTIONS

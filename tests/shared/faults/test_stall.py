@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from tests.shared.faults.fleet import Fleet, unreconciled
+from tests.shared.faults.fleet import Fleet, hold_all, unreconciled
 from tests.shared.faults.runs import (
     FAST,
     FLOWS,
@@ -31,7 +31,7 @@ def test_a_blocked_event_loop_keeps_its_leases(
     other.ask("demand", clients=3, hold=[0.03, 0.08])
     windows = []
     for multiple in multiples():
-        assert holder.ask("hold", slots=limit) == {"held": limit}
+        hold_all(holder, limit, [(other, {"clients": 3, "hold": [0.03, 0.08]})])
         start = witness.mark(f"stall {multiple}x")
         holder.ask("stall", seconds=multiple * LEASE, within=multiple * LEASE + 30)
         holder.ask("release")
