@@ -2,10 +2,10 @@
 one flow's callers (closed-loop, or Poisson arrivals), each holding its slot for a random time.
 
 Says "ready" once connected, then waits for "go <monotonic start>" on stdin (the machine's
-monotonic clock is the same in every process), runs until start + warmup + seconds, and
-prints one JSON line: every call's arrival, admission and release (monotonic seconds), and
-the weight it held. The intervals [admitted, released] lie inside the lease Redis counted, so
-their overlap across processes never exceeds what Redis held: the witness.
+monotonic clock is the same in every process), runs until start + warmup + seconds, writes
+`--out` (JSON: every call's arrival, admission and release in monotonic seconds, and the
+weight it held) and says "done". The intervals [admitted, released] lie inside the lease
+Redis counted, so their overlap across processes never exceeds what Redis held: the witness.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-uvloop", action="store_true")
+    parser.add_argument("--out", required=True, help="where the JSON goes")
     return parser.parse_args()
 
 
@@ -106,7 +107,10 @@ def main() -> None:
             uvloop.install()
         except ImportError:
             pass
-    print(json.dumps(asyncio.run(run(args))), flush=True)
+    result = asyncio.run(run(args))
+    with open(args.out, "w") as out:
+        json.dump(result, out)
+    print("done", flush=True)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -61,9 +62,11 @@ def run_cell(redis: LocalRedis, part: str, config: str, args: argparse.Namespace
     env = {**os.environ, "PYTHONPATH": str(args.source)}
     base = [sys.executable, "-m", "benchmarks._shared_flows_worker", "--redis-url", redis.url]
     base += ["--key", key, "--warmup", str(args.warmup), "--seconds", str(args.seconds)]
-    processes = []
+    processes, outs = [], []
+    folder = Path(tempfile.mkdtemp(prefix="shared-flows-"))
     for index, extra in enumerate(_workers(part, config)):
-        command = [*base, *extra, "--seed", str(index)]
+        outs.append(folder / f"worker-{index}.json")
+        command = [*base, *extra, "--seed", str(index), "--out", str(outs[-1])]
         processes.append(
             subprocess.Popen(
                 command,
@@ -84,10 +87,14 @@ def run_cell(redis: LocalRedis, part: str, config: str, args: argparse.Namespace
         process.stdin.write(f"go {start}\n")
         process.stdin.flush()
     results = []
-    for process in processes:
+    for process, out in zip(processes, outs, strict=True):
         assert process.stdout is not None
-        results.append(json.loads(process.stdout.readline()))
+        if process.stdout.readline().strip() != "done":
+            raise RuntimeError("a worker failed")
         process.wait(30)
+        results.append(json.loads(out.read_text()))
+        out.unlink()
+    folder.rmdir()
     window = (start + args.warmup, start + args.warmup + args.seconds)
     return {"part": part, "config": config, "window": window, "workers": results}
 

@@ -22,6 +22,7 @@ from typing import Any, Final, Literal
 from ..limit import LimitConfigurationError
 from . import scripts
 from ._connection import Connection, misconfiguration, safe_url
+from ._lane import ScriptLane
 
 __all__ = [
     "AcquireReply",
@@ -160,6 +161,7 @@ class RedisStore:
         self._mailbox_client: Any = None
         self._blocking: Any = None
         self._scripts: dict[str, Any] = {}
+        self._lane: ScriptLane | None = None  # the event loop's script calls (made by start)
         self._blocking_scripts: dict[str, Any] = {}
         self._logged_errors: set[str] = set()
         self._eviction_checked = False  # the maxmemory-policy was looked at (once)
@@ -185,6 +187,7 @@ class RedisStore:
         self._client = self._connection.admissions()
         self._mailbox_client = self._connection.mailbox(RECHECK_SECONDS)
         self._scripts = _register(self._client)
+        self._lane = ScriptLane(self._client, self._scripts, self.keys)
 
     def start_blocking(self) -> None:
         """Make the heartbeat thread's own blocking client and its scripts."""
@@ -251,8 +254,9 @@ class RedisStore:
         return [self.mailbox_prefix, self.lease_ms, self.limit, self.proc, contacted, *args]
 
     async def _call(self, script: str, args: list[Any]) -> list[Any]:
+        assert self._lane is not None, "start() makes the lane"
         async with asyncio.timeout(self._redis_timeout):
-            raw: list[Any] = await self._scripts[script](keys=self.keys, args=self._args(args))
+            raw: list[Any] = await self._lane.call(script, self._args(args))
         self._answered(raw)
         return raw
 

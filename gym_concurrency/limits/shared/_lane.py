@@ -1,0 +1,82 @@
+"""The event loop's script calls of a shared limit without redis-py's per-command machinery:
+on connections the lane keeps (no pool lock, health probe or metrics per call), with each
+script's `EVALSHA <sha> <n> <keys...>` packed once.
+
+About 17 µs of client CPU a call instead of 55-75 µs through `Script.__call__` (redis-py 8).
+What it cannot do plainly goes the usual way, with the same outcome: a script Redis has not
+loaded (after a restart or a failover: the usual call loads it), a connection that failed (the
+usual call's one retry on a fresh connection), a Redis Cluster client (no single pool).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["ScriptLane"]
+
+
+def _bulk(value: object) -> bytes:
+    data = value if isinstance(value, bytes) else str(value).encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+class ScriptLane:
+    """Calls `scripts` (name -> redis-py Script of `client`) with `keys`."""
+
+    def __init__(self, client: Any, scripts: dict[str, Any], keys: list[str]) -> None:
+        from redis import exceptions
+        from redis.asyncio import Redis
+
+        plain = isinstance(client, Redis)  # (a cluster client has a pool per node)
+        self._pool = client.connection_pool if plain else None
+        self._scripts = scripts
+        self._keys = keys
+        self._heads: dict[str, tuple[int, bytes]] = {}
+        self._free: list[Any] = []  # connections kept, idle
+        self._broken: list[Any] = []  # connections a call left mid-reply: given back first
+        self._no_script, self._answered = exceptions.NoScriptError, exceptions.ResponseError
+        self._lost = (exceptions.ConnectionError, exceptions.TimeoutError, OSError)
+
+    async def call(self, name: str, args: list[Any]) -> Any:
+        """Run script `name` with `args`; its raw reply."""
+        if self._pool is None:
+            return await self._usual(name, args)
+        if self._broken:
+            await self._give_back_broken()
+        connection = self._free.pop() if self._free else await self._pool.get_connection()
+        try:
+            await connection.send_packed_command(self._packed(name, args), check_health=False)
+            reply = await connection.read_response()
+        except self._no_script:
+            self._free.append(connection)  # (a whole reply was read: it can be used again)
+            return await self._usual(name, args)
+        except self._answered:
+            self._free.append(connection)
+            raise
+        except self._lost:
+            self._broken.append(connection)
+            return await self._usual(name, args)
+        except BaseException:  # cancelled (a timeout) mid-call: its reply may still come
+            self._broken.append(connection)
+            raise
+        self._free.append(connection)
+        return reply
+
+    async def _usual(self, name: str, args: list[Any]) -> Any:
+        return await self._scripts[name](keys=self._keys, args=args)
+
+    def _packed(self, name: str, args: list[Any]) -> bytes:
+        head = self._heads.get(name)
+        if head is None:
+            words = ("EVALSHA", self._scripts[name].sha, len(self._keys), *self._keys)
+            head = self._heads[name] = (len(words), b"".join(map(_bulk, words)))
+        count, packed = head
+        return b"*%d\r\n%s%s" % (count + len(args), packed, b"".join(map(_bulk, args)))
+
+    async def _give_back_broken(self) -> None:
+        """Connections a call left mid-reply go back to the pool closed (it reconnects)."""
+        broken, self._broken = self._broken, []
+        assert self._pool is not None
+        for connection in broken:
+            await connection.disconnect(nowait=True)
+            await self._pool.release(connection)
