@@ -90,6 +90,8 @@ async def test_a_quiet_flow_goes_ahead_of_a_flood(component: str) -> None:
         ("header:x-tenant", {}, None),  # missing: the default flow
         ("json:meta.tenant", {"content": b"not json"}, None),
         ("header:x-tenant", {"headers": {"x-tenant": "x" * 500}}, "x" * 128),  # cut
+        # NUL replaced: a global limit orders flows by name in Redis, and could not take it
+        ("json:meta.tenant", {"json": {"meta": {"tenant": "a\u0000b"}}}, "a\ufffdb"),
     ],
 )
 async def test_where_a_flow_comes_from(component: str, flow, request_kwargs, expected) -> None:  # type: ignore[no-untyped-def]
