@@ -150,7 +150,7 @@ async def test_an_admission_redis_runs_after_its_call_timed_out_gets_its_slot_ba
     late = f"{limit.redis_keys['leases']}-late:1"  # an id this process gave up on
     limit._sync.drop_later([late])
     await limit._sync.sync()  # removed (nothing there yet)
-    await limit._store.acquire(None, [late])  # then the timed-out call runs: a lease
+    await limit._store.acquire(None, [late], [])  # then the timed-out call runs: a lease
     assert late in leases(client, limit)
     await limit._sync.sync()
     assert leases(client, limit) == held_ids(limit)

@@ -196,9 +196,13 @@ class RedisStore:
 
     # --- the scripts -----------------------------------------------------------------
 
-    async def acquire(self, max_queue: int | None, ids: list[str]) -> AcquireReply:
-        """Queue (or admit, or shed) waiters `ids`, in this order."""
-        raw = await self._call("acquire", [-1 if max_queue is None else max_queue, *ids])
+    async def acquire(
+        self, max_queue: int | None, ids: list[str], removals: list[str]
+    ) -> AcquireReply:
+        """Remove `removals` (as `remove`), then queue (or admit, or shed) waiters `ids`, in
+        this order."""
+        bound = -1 if max_queue is None else max_queue
+        raw = await self._call("acquire", [bound, len(removals), *removals, *ids])
         return AcquireReply(*_head(raw), statuses=tuple(int(s) for s in raw[_HEAD]))
 
     async def remove(self, ids: list[str]) -> Reply:

@@ -82,9 +82,8 @@ class RedisSync(SizeSync):
         self.renew_soon = False  # a notification could not be trusted: renew at once
         self._renewing = threading.Lock()  # one renewal at a time
         self._unsent: list[Waiter] = []  # waiters not yet sent to Redis, in arrival order
-        self._registering = False
         self._unremoved: list[str] = []  # ids given back, not yet removed from Redis
-        self._removing = False
+        self._sending = False
         self._size_lock = asyncio.Lock()
         self.connecting = False  # connect() applies the size and raises a conflict: not here
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -94,9 +93,8 @@ class RedisSync(SizeSync):
         """Forget everything (a new process, or a new loop) and run on `loop`."""
         self._loop = loop
         self._unsent.clear()
-        self._registering = False
         self._unremoved.clear()
-        self._removing = False
+        self._sending = False
         self._size_lock = asyncio.Lock()
         self.background = set()  # (tasks of an earlier loop, or of the parent process)
         # New locks: a forked child must not inherit one its parent's thread held.
@@ -134,31 +132,45 @@ class RedisSync(SizeSync):
     def send(self, waiter: Waiter) -> None:
         """Queue `waiter` in Redis (soon, after those sent before it)."""
         self._unsent.append(waiter)
-        if not self._registering:
-            self._registering = True
-            self.spawn(self._register_unsent())
+        self._start_sending()
 
-    async def _register_unsent(self) -> None:
-        """Send waiters to Redis in this process's arrival order, a batch at a time, so that
-        their tickets keep that order (pooled connections would not)."""
+    def _start_sending(self) -> None:
+        if not self._sending:
+            self._sending = True
+            self.spawn(self._send_pending())
+
+    async def _send_pending(self) -> None:
+        """Send waiters in this process's arrival order and the ids given back, a batch of
+        each per script call, one call in flight: the tickets keep the arrival order (pooled
+        connections would not), and a release and an acquire of one moment cost one call."""
         try:
-            while self._unsent:
+            while self._unsent or self._unremoved:
+                removals = self._unremoved[:_BATCH]
+                del self._unremoved[:_BATCH]
+                if removals and self._store.down:  # the heartbeat removes them once it answers
+                    self.drop_later(removals)
+                    removals = []
                 batch = self._unsent[:_BATCH]
                 del self._unsent[:_BATCH]
-                waiters = []
-                for waiter in batch:
-                    if not self._waiters.current(waiter):
-                        continue  # ended before it was sent: nothing to undo
-                    if waiter.future.done():  # cancelled with its task: counted when it leaves
-                        self._waiters.end(waiter)
-                    elif self.refusing() or self._closed():
-                        self._unreachable(waiter)
-                    else:
-                        waiters.append(waiter)
+                waiters = [waiter for waiter in batch if self._to_send(waiter)]
                 if waiters:
-                    await self._register_batch(waiters)
+                    await self._register_batch(waiters, removals)
+                elif removals:
+                    await self._remove_batch(removals)
         finally:
-            self._registering = False
+            self._sending = False
+
+    def _to_send(self, waiter: Waiter) -> bool:
+        """True if `waiter` is to be sent now; else it ends here (or goes to the fallback)."""
+        if not self._waiters.current(waiter):
+            return False  # ended before it was sent: nothing to undo
+        if waiter.future.done():  # cancelled with its task: counted when it leaves
+            self._waiters.end(waiter)
+        elif self.refusing() or self._closed():
+            self._unreachable(waiter)
+        else:
+            return True
+        return False
 
     def refusing(self) -> bool:
         """True while this process must not ask Redis for slots: Redis is away, leases of
@@ -187,16 +199,16 @@ class RedisSync(SizeSync):
             or self._store.state_missing
         )
 
-    async def _register_batch(self, waiters: list[Waiter]) -> None:
+    async def _register_batch(self, waiters: list[Waiter], removals: list[str]) -> None:
         ids = [w.id for w in waiters if w.id is not None]
         sent = time.monotonic()
         for waiter in waiters:
             waiter.sent_at = sent
         try:
-            reply = await self._store.acquire(self._max_queue, ids)
+            reply = await self._store.acquire(self._max_queue, ids, removals)
         except self._store.failures as error:
             self._store.failed("acquire", error)
-            self.drop_later(ids)  # they may have run, or run yet: removed once it answers
+            self.drop_later([*removals, *ids])  # (they may have run: removed once it answers)
             for waiter in waiters:
                 if self._waiters.current(waiter):
                     self._unreachable(waiter)
@@ -269,26 +281,14 @@ class RedisSync(SizeSync):
                 self.unregistered.discard(lease)
                 return
         self._unremoved.append(lease)
-        if not self._removing:
-            self._removing = True
-            self.spawn(self._remove_pending())
+        self._start_sending()
 
-    async def _remove_pending(self) -> None:
-        """Remove what was given back, a batch per script call (one call in flight)."""
+    async def _remove_batch(self, ids: list[str]) -> None:
         try:
-            while self._unremoved:
-                ids = self._unremoved[:_BATCH]
-                del self._unremoved[:_BATCH]
-                if self._store.down:  # the heartbeat removes them once Redis answers again
-                    self.drop_later(ids)
-                    continue
-                try:
-                    await self._store.remove(ids)
-                except self._store.failures as error:
-                    self._store.failed("remove", error)
-                    self.drop_later(ids)
-        finally:
-            self._removing = False
+            await self._store.remove(ids)
+        except self._store.failures as error:
+            self._store.failed("remove", error)
+            self.drop_later(ids)
 
     # --- renewal (the heartbeat thread) ------------------------------------------------
 

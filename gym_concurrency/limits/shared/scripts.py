@@ -69,20 +69,23 @@ KEY_NAMES: Final = (
 CONFLICT: Final = 3  # CONFIGURE's status: live processes hold another size for this limit
 
 
-# ARGV[6] max_queue (-1: unbounded), ARGV[7...] new waiter ids in this process's arrival
-# order. Each is admitted at once if nobody queues, no grace period runs and a slot is free,
-# shed if max_queue already wait, else queued with the next ticket. Answers {0, limit,
-# held, queued, stamp, expiry, queued weight, statuses}: a status per id, 0 queued, 1
-# admitted (its weight fit), 2 shed.
+# ARGV[6] max_queue (-1: unbounded), ARGV[7] n, then n ids to remove first (as REMOVE: a
+# release and an acquire of the same moment cost one call), then new waiter ids in this
+# process's arrival order. Each is admitted at once if nobody queues, no grace period runs
+# and a slot is free, shed if max_queue already wait, else queued with the next ticket.
+# Answers {0, limit, held, queued, stamp, expiry, queued weight, flows, statuses}: a status
+# per new id, 0 queued, 1 admitted (its weight fit), 2 shed.
 ACQUIRE: Final = (
     PRELUDE
     + """
 current_limit()
+local removals = tonumber(ARGV[7])
+for i = 8, 7 + removals do remove(ARGV[i]) end
 reap_leases()
 grant()
 local max_queue = tonumber(ARGV[6])
 local statuses = {}
-for i = 7, #ARGV do
+for i = 8 + removals, #ARGV do
   local id = ARGV[i]
   local status = 0
   if S.queued == 0 and not in_grace() and S.held + weight(id) <= S.limit then
