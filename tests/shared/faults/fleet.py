@@ -166,11 +166,17 @@ def hold_all(
     **options: Any,
 ) -> None:
     """`holder` takes every slot, then each of `others` (an agent and its `demand` arguments)
-    demands again and queues behind it. The others' clients pause meanwhile: fair queuing by
-    flow would keep giving their flows a share of every slot that frees, and the holder's
-    default flow would never hold the whole limit."""
+    demands again and queues behind it. The others' clients stop first, and what they hold
+    or queue drains: fair queuing by flow would keep giving their flows a share of every
+    slot that frees (the holder's default flow would never hold the whole limit), and a
+    heavy waiter of theirs chosen next would wait for the slots the holder keeps."""
     for agent, demand in others:
         agent.ask("demand", **{**demand, "clients": 0})
+    deadline = time.monotonic() + 30
+    for agent, _ in others:
+        while (counts := agent.ask("counts"))["active"] or counts["queue_depth"]:
+            assert time.monotonic() < deadline, (agent.name, counts)
+            time.sleep(0.02)
     held = holder.ask("hold", slots=limit, **options)
     assert held == {"held": limit}, held
     for agent, demand in others:
