@@ -404,3 +404,26 @@ async def test_a_process_joining_a_restarted_redis_waits_for_the_holders(
     finally:
         await joined.close()
         await holder.close()
+
+
+async def test_scripts_flushed_or_connections_killed_cost_no_admission(
+    limits: Limits, redis_server: RedisServer
+) -> None:
+    """The loop's script calls run on connections kept out of the pool (`_lane.py`): a
+    script Redis forgot (SCRIPT FLUSH, as after a restart) is loaded again, and a connection
+    Redis closed (CLIENT KILL) is replaced, each by the usual call, with nothing refused."""
+    limit = limits(2)
+    client = redis_server.client()
+    assert await limit.enqueue() == "admitted"
+    limit.release()
+    client.script_flush()
+    assert await limit.enqueue() == "admitted"  # NOSCRIPT: loaded, then run
+    limit.release()
+    await settle(limit)
+    client.client_kill_filter(_type="normal", skipme=True)  # every client connection
+    for _ in range(3):
+        assert await limit.enqueue() == "admitted"
+        limit.release()
+        await settle(limit)
+    assert (limit.admission_unavailable, limit.active, limit.global_active) == (0, 0, 0)
+    assert leases(client, limit) == set()
