@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +28,6 @@ class AwayMixin:
     _shed: int
     _mode: RedisUnavailable
     _fallback: Fallback | None
-    _fallback_ids: set[str]
     _held: HeldLeases
     _waiters: Waiters
     _sync: RedisSync
@@ -67,10 +65,7 @@ class AwayMixin:
         """A fallback slot was taken for `waiter`: it gets an id, so that once Redis answers
         again the heartbeat registers it as a lease before anything more is granted."""
         lease = lease_id(self._proc, next(self._counter), waiter.weight, waiter.flow)
-        with self._sync.lock:
-            self._sync.unregistered.add(lease)
-        self._fallback_ids.add(lease)
-        self._held[lease] = -math.inf
+        self._sync.hold_fallback(lease)
 
     def _fallback_admitted(self, waiter: Waiter) -> None:
         inner = waiter.fallback

@@ -4,6 +4,7 @@ weight and flow ride in the id (`<proc>:<n>`, then `*<w>` for a weight w other t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 __all__ = ["HeldLeases", "lease_flow", "lease_id", "lease_weight", "total_weight"]
@@ -33,14 +34,18 @@ def total_weight(leases: Iterable[str]) -> int:
 
 
 class HeldLeases(dict[str, float]):
-    """Lease id -> when Redis last confirmed it (monotonic), in the order taken; `weight` is
-    their total. Written with `[]=` and `del` only (what keeps `weight` right)."""
+    """The one owner of what this process holds: lease id -> when Redis last confirmed it
+    (monotonic), in the order taken; `weight` is their total, `fallback` the ids of the slots
+    the local fallback admitted (Redis not told yet, or told since). Written with `[]=`,
+    `hold_fallback()`, `give_back()` and `clear()` only (what keeps `weight` right); the
+    heartbeat thread reads copies."""
 
-    __slots__ = ("weight",)
+    __slots__ = ("fallback", "weight")
 
     def __init__(self) -> None:
         super().__init__()
         self.weight = 0
+        self.fallback: set[str] = set()
 
     def __setitem__(self, lease: str, confirmed: float) -> None:
         if lease not in self:
@@ -54,17 +59,31 @@ class HeldLeases(dict[str, float]):
     def clear(self) -> None:
         super().clear()
         self.weight = 0
+        self.fallback.clear()
 
-    def to_release(self, weight: int, flow: str | None, fallback: set[str], describe: str) -> str:
-        """The slot of `weight` in `flow` a release gives back: one of `fallback` (the local
-        fallback's) first, else the lease taken last; ValueError naming `describe` if none."""
+    def hold_fallback(self, lease: str) -> None:
+        """The local fallback admitted slot `lease` (never confirmed by Redis yet)."""
+        self.fallback.add(lease)
+        self[lease] = -math.inf
+
+    @property
+    def fallback_weight(self) -> int:
+        return total_weight(self.fallback)
+
+    def give_back(self, weight: int, flow: str | None, describe: str) -> tuple[str, bool]:
+        """Forget the slot of `weight` in `flow` a release gives back: one of the local
+        fallback's first, else the lease taken last; (its id, True if the fallback's).
+        ValueError naming `describe` if none is held."""
 
         def fits(lease: str) -> bool:
             return lease_weight(lease) == weight and lease_flow(lease) == flow
 
-        lease = next(filter(fits, fallback), None) or next(filter(fits, reversed(self)), None)
+        lease = next(filter(fits, self.fallback), None) or next(filter(fits, reversed(self)), None)
         if lease is not None:
-            return lease
+            fallen = lease in self.fallback
+            self.fallback.discard(lease)
+            del self[lease]
+            return lease, fallen
         if weight == 1 and flow is None and not self:
             raise ValueError(f"{describe} released with no slot held")
         in_flow = "" if flow is None else f" in flow {flow!r}"

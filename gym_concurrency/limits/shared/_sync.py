@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
+from ._held import HeldLeases
+from ._renewal_log import log_renewal
 from ._sizes import SizeSync
 from ._store import ADMITTED, SHED, RedisStore, SyncReply
 from ._waiters import Waiter, Waiters
@@ -45,7 +47,7 @@ class RedisSync(SizeSync):
         self,
         store: RedisStore,
         waiters: Waiters,
-        held: dict[str, float],
+        held: HeldLeases,
         *,
         max_queue: int | None,
         lease_seconds: float,
@@ -234,6 +236,13 @@ class RedisSync(SizeSync):
         elif status == SHED:
             self._shed(waiter)
 
+    def hold_fallback(self, lease: str) -> None:
+        """The local fallback admitted slot `lease`: held here, and registered in Redis as a
+        lease by the heartbeat before anything more is asked of it."""
+        with self.lock:
+            self.unregistered.add(lease)
+        self._held.hold_fallback(lease)
+
     def _admit(self, waiter: Waiter, lease: str) -> None:
         self._waiters.end(waiter)
         self._held[lease] = waiter.sent_at  # (its deadline was set then, or renewed since)
@@ -389,30 +398,7 @@ class RedisSync(SizeSync):
         for lease in reply.granted:
             self.granted(lease)
         reclaimed = [lease for lease in reply.reclaimed if lease not in fresh]
-        if back:
-            _log.warning(
-                "gym_concurrency: %s reaches Redis again: its %d holders are counted again "
-                "(%d of them re-registered) before anything else is granted here",
-                self._describe,
-                len(self._held),
-                len(reclaimed),
-            )
-        elif reclaimed or reply.requeued:
-            _log.warning(
-                "gym_concurrency: %s: Redis had lost %d leases and %d waiters of this "
-                "process; re-registered them%s",
-                self._describe,
-                len(reclaimed),
-                len(reply.requeued),
-                _over(reply),
-            )
-        if fresh:
-            _log.warning(
-                "gym_concurrency: %s: %d slots admitted by the local fallback while Redis was "
-                "away are now leases in Redis",
-                self._describe,
-                len(fresh),
-            )
+        log_renewal(self._describe, reply, len(self._held), len(reclaimed), len(fresh), back)
 
     def _find_lost(self, now: float) -> None:
         """Leases whose deadline in Redis may have passed: not renewed since they were last
@@ -437,13 +423,3 @@ class RedisSync(SizeSync):
         if self._waiters.queued_in_redis:
             return min(last + recheck, self._store.next_expiry)
         return float("inf")
-
-
-def _over(reply: SyncReply) -> str:
-    """What a renewal that re-registered leases over the limit says of it ("" if within)."""
-    if reply.held <= reply.limit:
-        return ""
-    return (
-        f" (over the limit: {reply.held} held for {reply.limit}, the work running here; "
-        "nothing is granted until it drains)"
-    )

@@ -38,7 +38,7 @@ from ._checks import (
 )
 from ._ends import EndsMixin
 from ._fallback import Fallback
-from ._held import HeldLeases, lease_id, total_weight
+from ._held import HeldLeases, lease_id
 from ._loops import Heartbeat, mailbox
 from ._settings import SettingsMixin
 from ._store import PendingSize, RedisStore
@@ -130,9 +130,8 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, LimitBase):
             describe=self._describe(),
         )
         # Slots held here, in the order taken: lease id (or the id a fallback slot will have
-        # in Redis) -> when Redis last confirmed it (monotonic); their weight.
+        # in Redis) -> when Redis last confirmed it (monotonic); their weight, the fallback's.
         self._held = HeldLeases()
-        self._fallback_ids: set[str] = set()  # the fallback's slots among them
         self._on_lease_lost = on_lease_lost
         self._waiters = Waiters()
         self._fallback = (
@@ -196,7 +195,7 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, LimitBase):
     def global_active(self) -> int:
         """Weight held across all processes, as last seen (at least this process's own: a
         grant can reach it before the answer that counted it)."""
-        return max(self._store.held, self._held.weight - total_weight(self._fallback_ids))
+        return max(self._store.held, self._held.weight - self._held.fallback_weight)
 
     @property
     def global_queue_depth(self) -> int:
@@ -314,12 +313,9 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, LimitBase):
         """Give back a slot of `weight` in `flow` this process holds (a fallback slot first,
         else one of its leases, which Redis hands on fairly). ValueError if none is held."""
         flow = self._check_ask(weight, flow, limit=False)
-        lease = self._held.to_release(weight, flow, self._fallback_ids, self._describe())
-        if lease in self._fallback_ids:
-            self._fallback_ids.discard(lease)
-            if self._fallback is not None:
-                self._fallback.release(weight)
-        del self._held[lease]
+        lease, fallen = self._held.give_back(weight, flow, self._describe())
+        if fallen and self._fallback is not None:
+            self._fallback.release(weight)
         if not self._closed:
             self._sync.remove(lease)
 
@@ -415,7 +411,6 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, LimitBase):
         self._proc = uuid.uuid4().hex  # this process's part of every id: never reused
         self._counter = itertools.count(1)
         self._held.clear()
-        self._fallback_ids.clear()
         self._waiters.clear()
         self._sync.start(loop)
         self._store.start(self._proc)
