@@ -5,14 +5,15 @@ upstream (aiohttp on uvloop, 127.0.0.1 only).
 log-uniformly from [--min-tokens, --max-tokens] (seeded): half of it prompt (4 characters a
 token), half `max_tokens`, so `openai_tokens(body)` is the size exactly. Every attempt holds a
 MeteredSemaphore(--limit) around the HTTP call: weight 1 (`count`), or `openai_tokens(body)`
-(`weighted`). A 429 gives the limit back, waits --retry-pause s and tries the same call again.
-After --warmup s it measures --seconds s: calls and tokens completed, 429s, attempts, latency
-(first attempt to success), the tokens the callers held (time-averaged) and, from the
-upstream's `GET /stats` at both ends of the window, its time-averaged tokens in flight and its
-own counts. Prints one JSON object.
+(`weighted`), with `backfill_seconds=--backfill-seconds` (default 0: none). A 429 gives the
+limit back, waits --retry-pause s and tries the same call again. After --warmup s it measures
+--seconds s: calls and tokens completed, 429s, attempts, latency (first attempt to success),
+the tokens the callers held (time-averaged) and, from the upstream's `GET /stats` at both ends
+of the window, its time-averaged tokens in flight and its own counts. Prints one JSON object.
 
     taskset -c 1 python -m benchmarks._tokens_client --port P --config weighted --limit 64000
-        [--callers 128] [--warmup 2] [--seconds 20] [--seed 1] [--source TREE]
+        [--backfill-seconds 0] [--callers 128] [--warmup 2] [--seconds 20] [--seed 1]
+        [--source TREE]
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from gym_concurrency import MeteredSemaphore
     from gym_concurrency.tokens import openai_tokens
 
-    limit = MeteredSemaphore(args.limit)
+    limit = MeteredSemaphore(args.limit, backfill_seconds=args.backfill_seconds)
     weighted = args.config == "weighted"
     url = f"http://{HOST}:{args.port}"
     session = aiohttp.ClientSession(
@@ -122,12 +123,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     await asyncio.sleep(max(0.0, window_start - now()))
     hold_change(0)
     before, held_before, cpu0 = await upstream_stats(), held["token_seconds"], time.process_time()
+    backfilled_before = limit.admission_backfilled
     samples = [before]  # the upstream's counters about every second: utilisation over time
     for k in range(1, math.ceil(args.seconds) + 1):
         await asyncio.sleep(max(0.0, min(window_start + k, window_end) - now()))
         samples.append(await upstream_stats())
     hold_change(0)
     after, held_after, cpu1 = samples[-1], held["token_seconds"], time.process_time()
+    backfilled = limit.admission_backfilled - backfilled_before
     window = after["t"] - before["t"]
     for task in callers:
         task.cancel()
@@ -151,6 +154,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "calls_per_second": counts["calls"] / window,
         "tokens_per_second": counts["tokens"] / window,
         "attempts": counts["attempts"],
+        "backfilled": backfilled,
+        "backfill_seconds": args.backfill_seconds,
         "client_429": counts["429"],
         "client_other_failures": counts["other"],
         "p50_s": percentile(latencies, 0.50),
@@ -165,6 +170,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--config", choices=("count", "weighted"), required=True)
     parser.add_argument("--limit", type=int, required=True)
+    parser.add_argument("--backfill-seconds", type=float, default=0.0)
     parser.add_argument("--callers", type=int, default=128)
     parser.add_argument("--min-tokens", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=16_000)

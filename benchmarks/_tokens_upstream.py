@@ -4,13 +4,15 @@ tokens (its "KV cache"), not in requests.
 `POST /v1/chat/completions` prices the call as a server reserving its KV cache would: the
 prompt's characters / 4, rounded up (every string under `messages`), plus `max_tokens`. If the
 tokens in flight plus that would pass `--capacity`, it answers 429 at once; else it holds them
-for 20 ms + 4 µs a token (a 100-token call ~20 ms, a 16k-token call ~84 ms) and answers a
-completion. It integrates the tokens in flight over time exactly (at every change), so the
-time-averaged tokens in flight between two reads of `GET /stats` is the difference of their
-`token_seconds` over the difference of their `t`. `GET /stats` also says how many calls were
-served and refused and the most tokens ever in flight.
+for `--base-ms` + `--us-per-token` a token (by default 20 ms + 4 µs: a 100-token call ~20 ms, a
+16k-token call ~84 ms; 100 ms + 40 µs, closer to a real model, makes them 0.1 s and 0.74 s) and
+answers a completion. It integrates the tokens in flight over time exactly (at every change),
+so the time-averaged tokens in flight between two reads of `GET /stats` is the difference of
+their `token_seconds` over the difference of their `t`. `GET /stats` also says how many calls
+were served and refused and the most tokens ever in flight.
 
     taskset -c 0 python -m benchmarks._tokens_upstream --port P [--capacity 64000]
+        [--base-ms 20] [--us-per-token 4]
 
 Plain ASGI on uvicorn (httptools, uvloop), 127.0.0.1 only. It does not import
 gym_concurrency: its pricing is its own (the same rule as `openai_tokens`).
@@ -46,13 +48,10 @@ def price(body: dict[str, Any]) -> int:
     return math.ceil(strings(body.get("messages")) / 4) + int(body.get("max_tokens") or 0)
 
 
-def service_seconds(tokens: int) -> float:
-    return BASE_S + PER_TOKEN_S * tokens
-
-
 class Upstream:
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, base_s: float = BASE_S, per_token_s: float = PER_TOKEN_S):
         self.capacity = capacity
+        self.base_s, self.per_token_s = base_s, per_token_s
         self.in_flight = 0
         self.max_in_flight = 0
         self.token_seconds = 0.0
@@ -112,7 +111,7 @@ class Upstream:
         self.in_flight += tokens
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            await asyncio.sleep(service_seconds(tokens))
+            await asyncio.sleep(self.base_s + self.per_token_s * tokens)
         finally:
             self._advance()
             self.in_flight -= tokens
@@ -137,11 +136,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--capacity", type=int, default=64_000)
+    parser.add_argument("--base-ms", type=float, default=BASE_S * 1e3, help="service time")
+    parser.add_argument("--us-per-token", type=float, default=PER_TOKEN_S * 1e6, help="and more")
     args = parser.parse_args()
+    if not (0 <= args.base_ms <= 10_000 and 0 <= args.us_per_token <= 1_000):
+        parser.error("--base-ms must be in [0, 10000] and --us-per-token in [0, 1000]")
     import uvicorn
 
     uvicorn.run(
-        Upstream(args.capacity),
+        Upstream(args.capacity, args.base_ms / 1e3, args.us_per_token / 1e6),
         host="127.0.0.1",
         port=args.port,
         loop="auto",  # uvloop and httptools when installed (the `bench` extra)

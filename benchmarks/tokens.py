@@ -1,26 +1,30 @@
 """Limits in tokens: a count limit against a token-weighted one, on an upstream whose capacity
 is in tokens.
 
-The upstream (benchmarks/_tokens_upstream.py, real uvicorn, CPU 0) holds at most 64,000
-tokens of "KV cache" at once and answers 429 at once above that; a call holds its tokens for
-20 ms + 4 µs a token. 128 closed-loop callers (benchmarks/_tokens_client.py, aiohttp, CPU 1)
-make chat completion calls of log-uniform sizes between 100 and 16,000 tokens (mean ~3,130),
-each attempt inside a MeteredSemaphore; a 429 gives the limit back and retries the same call
-after 0.1 s. Three configurations, interleaved in rounds (the order rotates), one fresh
+The upstream (benchmarks/_tokens_upstream.py, real uvicorn, CPU 0) holds at most 64,000 tokens
+of "KV cache" at once and answers 429 at once above that; a call holds its tokens for --base-ms
++ --us-per-token a token (default 20 ms + 4 µs, far faster than a real model; `--base-ms 100
+--us-per-token 40` is closer to one). 128 closed-loop callers (benchmarks/_tokens_client.py,
+aiohttp, CPU 1) make chat completion calls of log-uniform sizes between 100 and 16,000 tokens
+(mean ~3,130), each attempt inside a MeteredSemaphore; a 429 gives the limit back and retries
+the same call after 0.1 s. Four configurations, interleaved in rounds (the order rotates), one fresh
 upstream per cell:
 
-    count-mean      MeteredSemaphore(capacity / mean size) = 20, weight 1
-    count-largest   MeteredSemaphore(capacity / largest size) = 4, weight 1
-    weighted        MeteredSemaphore(64000), weight = openai_tokens(body)
+    count-mean          MeteredSemaphore(capacity / mean size) = 20, weight 1
+    count-largest       MeteredSemaphore(capacity / largest size) = 4, weight 1
+    weighted            MeteredSemaphore(64000), weight = openai_tokens(body)
+    weighted+backfill   the same with backfill_seconds=--backfill-seconds (default: the
+                        service time of the largest call)
 
 Reported per configuration (medians over rounds): the upstream's time-averaged tokens in flight
 / its capacity (its utilisation, exact: integrated at every change), per second too; its 429s;
 calls and tokens completed a second; latency per call (retries included); the tokens the
 callers held, time-averaged (what the limit admitted). Goal: `weighted` keeps the upstream at
->= 0.95 of its capacity with 0 429s, where the count limits overload it (429s) or leave >= 30%
-of it idle.
+>= 0.95 of its capacity with 0 429s (with backfill too), where the count limits overload it
+(429s) or leave >= 30% of it idle.
 
     .venvs/3.11/bin/python -m benchmarks.tokens [--rounds 3] [--seconds 20] [--warmup 2]
+        [--base-ms 20] [--us-per-token 4] [--backfill-seconds S] [--configs a,b]
         [--source TREE] [--label NAME] [--quick]
 
 Writes benchmarks/results/tokens-LABEL.json (raw) and tokens-LABEL.summary.json; prints a
@@ -53,7 +57,9 @@ from benchmarks.overload import free_port, load_average, pinned, wait_until_quie
 RESULTS = PROJECT_ROOT / "benchmarks" / "results"
 SERVER_CPU, CLIENT_CPU = "0", "1"
 CAPACITY, MIN_TOKENS, MAX_TOKENS, CALLERS = 64_000, 100, 16_000, 128
-CONFIGS = ("count-mean", "count-largest", "weighted")
+CONFIGS = ("count-mean", "count-largest", "weighted", "weighted+backfill")
+WEIGHTED = ("weighted", "weighted+backfill")
+BASE_MS, US_PER_TOKEN = 20.0, 4.0
 GOALS = {"weighted_utilisation": 0.95, "weighted_429": 0, "count_idle": 0.30}
 
 
@@ -67,16 +73,18 @@ def limits(capacity: int, low: int, high: int) -> dict[str, int]:
         "count-mean": max(1, round(capacity / mean_size(low, high))),
         "count-largest": max(1, capacity // high),
         "weighted": capacity,
+        "weighted+backfill": capacity,
     }
 
 
 class Upstream:
     """benchmarks/_tokens_upstream.py, pinned to CPU 0, on a free port of 127.0.0.1."""
 
-    def __init__(self, python: str, capacity: int) -> None:
+    def __init__(self, python: str, capacity: int, base_ms: float, us_per_token: float) -> None:
         self.port = free_port()
         command = [python, "-m", "benchmarks._tokens_upstream", "--port", str(self.port)]
         command += ["--capacity", str(capacity)]
+        command += ["--base-ms", str(base_ms), "--us-per-token", str(us_per_token)]
         self.process = subprocess.Popen(pinned(SERVER_CPU, command), cwd=PROJECT_ROOT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -101,10 +109,12 @@ class Upstream:
 
 
 def cell(args: argparse.Namespace, config: str, limit: int, seed: int) -> dict[str, Any]:
-    upstream = Upstream(args.python, args.capacity)
+    upstream = Upstream(args.python, args.capacity, args.base_ms, args.us_per_token)
     try:
         command = [args.python, "-m", "benchmarks._tokens_client", "--port", str(upstream.port)]
-        command += ["--config", "weighted" if config == "weighted" else "count"]
+        command += ["--config", "weighted" if config in WEIGHTED else "count"]
+        if config == "weighted+backfill":
+            command += ["--backfill-seconds", str(args.backfill_seconds)]
         command += ["--limit", str(limit), "--callers", str(args.callers)]
         command += ["--min-tokens", str(args.min_tokens), "--max-tokens", str(args.max_tokens)]
         command += ["--warmup", str(args.warmup), "--seconds", str(args.seconds)]
@@ -155,6 +165,7 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
             "upstream_429_per_round": [c["upstream_429"] for c in mine],
             "upstream_429_per_second": _median([c["upstream_429"] / c["window_s"] for c in mine]),
             "upstream_max_in_flight": max(c["upstream_max_in_flight"] for c in mine),
+            "backfilled_per_second": _median([c["backfilled"] / c["window_s"] for c in mine]),
             "attempts_per_call": _median(
                 [c["attempts"] / max(1, c["calls_per_second"] * c["window_s"]) for c in mine]
             ),
@@ -173,10 +184,11 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
 def verdicts(summary: dict[str, Any]) -> dict[str, Any]:
     """Each goal, met or not, from the summary."""
     out: dict[str, Any] = {}
-    weighted = summary.get("weighted")
-    if weighted:
-        out["weighted_utilisation>=0.95"] = weighted["utilisation"] >= 0.95
-        out["weighted_0_429"] = sum(weighted["upstream_429_per_round"]) == 0
+    for name in WEIGHTED:
+        weighted = summary.get(name)
+        if weighted:
+            out[f"{name}_utilisation>=0.95"] = weighted["utilisation"] >= 0.95
+            out[f"{name}_0_429"] = sum(weighted["upstream_429_per_round"]) == 0
     for name in ("count-mean", "count-largest"):
         row = summary.get(name)
         if row:
@@ -189,8 +201,9 @@ def verdicts(summary: dict[str, Any]) -> dict[str, Any]:
 def table(summary: dict[str, Any]) -> str:
     lines = [
         "| limit | upstream utilisation (rounds; per-second min) | idle | upstream 429/s | "
-        "attempts / call | tokens/s (vs weighted) | calls/s | p50 / p99 | callers held |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "attempts / call | tokens/s (vs weighted) | calls/s | p50 / p99 | callers held | "
+        "backfilled/s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, row in summary.items():
         rounds = ", ".join(f"{u:.3f}" for u in row["utilisation_rounds"])
@@ -200,7 +213,8 @@ def table(summary: dict[str, Any]) -> str:
             f"{row['upstream_429_per_second']:.1f} | {row['attempts_per_call']:.2f} | "
             f"{row['tokens_per_second']:,.0f} ({row['tokens_per_second_vs_weighted']:.2f}) | "
             f"{row['calls_per_second']:.0f} | {row['p50_s'] * 1000:.0f} / "
-            f"{row['p99_s'] * 1000:.0f} ms | {row['client_held_utilisation']:.3f} |"
+            f"{row['p99_s'] * 1000:.0f} ms | {row['client_held_utilisation']:.3f} | "
+            f"{row['backfilled_per_second']:.0f} |"
         )
     return "\n".join(lines)
 
@@ -218,6 +232,12 @@ def main() -> None:
     parser.add_argument("--callers", type=int, default=CALLERS)
     parser.add_argument("--min-tokens", type=int, default=MIN_TOKENS)
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    parser.add_argument("--base-ms", type=float, default=BASE_MS, help="upstream service time")
+    parser.add_argument("--us-per-token", type=float, default=US_PER_TOKEN, help="and per token")
+    parser.add_argument(
+        "--backfill-seconds", type=float, default=None, help="default: the largest call's service"
+    )
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="which, comma-separated")
     parser.add_argument("--wait-quiet", type=float, default=20.0, help="s, before each round")
     parser.add_argument("--quick", action="store_true", help="1 round of 3 s cells: a smoke run")
     parser.add_argument("--python", default=sys.executable)
@@ -230,12 +250,17 @@ def main() -> None:
     if args.max_tokens > args.capacity:
         sys.exit("--max-tokens must not exceed --capacity")
     args.source = str(Path(args.source).resolve())
+    if args.backfill_seconds is None:
+        args.backfill_seconds = round((args.base_ms + args.us_per_token * args.max_tokens) / 1e3, 3)
+    configs = tuple(c for c in CONFIGS if c in args.configs.split(","))
+    if not configs or len(configs) != len(args.configs.split(",")):
+        sys.exit(f"--configs: a comma-separated list of {', '.join(CONFIGS)}")
     sizes = limits(args.capacity, args.min_tokens, args.max_tokens)
     started, load_start = time.monotonic(), load_average()
     cells: list[dict[str, Any]] = []
     for index in range(args.rounds):
         seed = index + 1
-        order = list(CONFIGS[index % 3 :] + CONFIGS[: index % 3])
+        order = list(configs[index % len(configs) :] + configs[: index % len(configs)])
         busy = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
         print(f"round {index + 1}/{args.rounds}: load {load_average()}, {busy} busy", flush=True)
         for name in order:
@@ -263,7 +288,8 @@ def main() -> None:
             "capacity_tokens": args.capacity,
             "call_tokens": [args.min_tokens, args.max_tokens, "log-uniform"],
             "mean_call_tokens": round(mean_size(args.min_tokens, args.max_tokens), 1),
-            "service_s": "0.020 + 4e-6 * tokens",
+            "service_s": f"{args.base_ms / 1e3:g} + {args.us_per_token / 1e6:g} * tokens",
+            "backfill_seconds": args.backfill_seconds,
             "callers": args.callers,
             "retry_pause_s": 0.1,
             "limits": sizes,

@@ -41,8 +41,14 @@ __all__ = ["LIMITS_SCOPE_KEY", "ConcurrencyLimits", "LimitPlan", "LimitedOperati
 LIMITS_SCOPE_KEY = "gym_concurrency.limits"
 
 # What a reload may not change on a running limit (its waiters were admitted under them).
-_FIXED_ROUTE_FIELDS = ("queue_timeout_seconds", "max_queue", "scope", "local_max_concurrent")
-_FIXED_OPERATION_FIELDS = ("timeout_seconds", "scope", "local_max_concurrent")
+_FIXED_ROUTE_FIELDS = (
+    "queue_timeout_seconds",
+    "max_queue",
+    "scope",
+    "local_max_concurrent",
+    "backfill_seconds",
+)
+_FIXED_OPERATION_FIELDS = ("timeout_seconds", "scope", "local_max_concurrent", "backfill_seconds")
 # ... nor where its global limits live (they connected to it at start).
 _FIXED_SHARED_SETTINGS = (
     "redis_url",
@@ -51,7 +57,7 @@ _FIXED_SHARED_SETTINGS = (
     "redis_key_prefix",
 )
 # A client limit's controller lives in every transport made from it: moving it needs a restart.
-_FIXED_CLIENT_FIELDS = ("timeout_seconds", "max_queue", "scope", "adaptive")
+_FIXED_CLIENT_FIELDS = ("timeout_seconds", "max_queue", "scope", "adaptive", "backfill_seconds")
 # Said in a plan's first line (size and how it moves), not as a field of its own.
 _SIZE_FIELDS = frozenset({"max_concurrent", "adaptive"})
 
@@ -328,6 +334,7 @@ class ConcurrencyLimits:
                 server=settings.server_name,
                 timeout=timeout,
                 max_queue=max_queue,
+                backfill_seconds=config.backfill_seconds,
             )
         assert settings.redis_url is not None  # checked by the settings
         local = settings.redis_unavailable == "local"

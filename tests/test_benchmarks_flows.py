@@ -66,14 +66,18 @@ def test_the_middleware_flows_benchmark_runs(tmp_path: Path) -> None:
 def test_the_tokens_benchmark_runs_and_a_weighted_limit_never_overloads(tmp_path: Path) -> None:
     result, stdout = run("tokens", tmp_path)
     summary = result["summary"]
-    assert set(summary) == {"count-mean", "count-largest", "weighted"}
+    assert set(summary) == {"count-mean", "count-largest", "weighted", "weighted+backfill"}
     assert (summary["count-mean"]["limit"], summary["count-largest"]["limit"]) == (20, 4)
     for name, row in summary.items():
         assert 0 < row["utilisation"] <= 1.0, (name, row)
         assert row["calls_per_second"] > 0
         assert row["leaked_after"] == [{"active": 0, "queue_depth": 0}]
-    # Never more tokens than the capacity in flight, so never a 429 (nor with 4 of the largest).
-    assert summary["weighted"]["upstream_429_per_round"] == [0]
-    assert summary["count-largest"]["upstream_429_per_round"] == [0]
-    assert summary["weighted"]["upstream_max_in_flight"] <= 64_000
+    # Never more tokens than the capacity in flight, so never a 429 (nor with 4 of the largest),
+    # with backfill too.
+    for name in ("weighted", "weighted+backfill", "count-largest"):
+        assert summary[name]["upstream_429_per_round"] == [0], name
+    for name in ("weighted", "weighted+backfill"):
+        assert summary[name]["upstream_max_in_flight"] <= 64_000
+    assert summary["weighted"]["backfilled_per_second"] == 0
+    assert summary["weighted+backfill"]["backfilled_per_second"] > 0
     assert "| weighted (64000) |" in stdout

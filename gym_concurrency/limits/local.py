@@ -11,6 +11,7 @@ from collections.abc import Hashable
 from ..deadline import deadline_remaining, request_deadline
 from ._base import LimitBase, check_count
 from ._own_deadlines import OwnDeadlinesMixin
+from .backfill import BackfillMixin, check_backfill_seconds
 from .deadlines import OwnDeadlines
 from .flows import Ask, FlowQueues, FlowStatistics, Waiting
 from .limit import Admission
@@ -22,15 +23,16 @@ _CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 Waiter = asyncio.Future[Admission]
 
 
-class MeteredSemaphore(OwnDeadlinesMixin, LimitBase, asyncio.BoundedSemaphore):
+class MeteredSemaphore(BackfillMixin, OwnDeadlinesMixin, LimitBase, asyncio.BoundedSemaphore):
     """A bounded semaphore whose limit, holders, waiters and failed admissions are readable.
 
     Every call takes a `weight` (default 1) and a `flow` (default None): `limit`, `active` and
     `available` count weight; freed capacity goes to the head of the waiting flow that holds
     the least weight (FIFO within a flow; with one flow, plain FIFO). `timeout` bounds the wait
     inside `acquire()` (expiry raises TimeoutError); `max_queue` bounds the waiters (a full
-    queue raises QueueFullError at once). Acquire and release make no telemetry call: the
-    observer reads these integers at export.
+    queue raises QueueFullError at once); `backfill_seconds` (default 0: never) lets lighter
+    waiters that fit pass the waiter chosen next for at most that long (backfill.py). Acquire
+    and release make no telemetry call: the observer reads these integers at export.
     """
 
     _label = "limit"
@@ -44,8 +46,12 @@ class MeteredSemaphore(OwnDeadlinesMixin, LimitBase, asyncio.BoundedSemaphore):
         server: str | None = None,
         timeout: float | None = None,
         max_queue: int | None = None,
+        backfill_seconds: float = 0.0,
     ) -> None:
         check_count(type(self).__name__, "value", value)
+        self._backfill_seconds = check_backfill_seconds(type(self).__name__, backfill_seconds)
+        self._backfilled = 0
+        self._blocked_at = 0.0
         LimitBase.__init__(
             self,
             component=component,
@@ -206,7 +212,9 @@ class MeteredSemaphore(OwnDeadlinesMixin, LimitBase, asyncio.BoundedSemaphore):
             self._own_deadlines().arm(waiter, deadline, self._expire_one)
         if weight != 1 or flow is not None or self._flows:
             self._queue_by_flow(waiter, weight, flow)
-            if self._next is None and self._active < self._limit and not self._handed:
+            if (self._next is None or self._backfill_seconds) and (
+                self._active < self._limit and not self._handed
+            ):
                 self._admit_fairly()  # it does not fit: it is chosen, and capacity held for it
         return waiter
 
@@ -348,26 +356,32 @@ class MeteredSemaphore(OwnDeadlinesMixin, LimitBase, asyncio.BoundedSemaphore):
             if chosen is None:
                 return
             if self._active + chosen.weight > self._limit:
-                self._next = chosen  # never passed: freed capacity is held for it
+                fresh, self._next = self._next is None, chosen  # freed capacity is held for it
+                if self._backfill_seconds:  # opt-in: lighter waiters pass it for a while
+                    self._backfill(chosen, fresh)
                 return
             self._next = None
-            waiter, weight, flow = chosen.waiter, chosen.weight, chosen.flow
-            if waiter.done():  # cancelled with its task, which counts it when it leaves
-                self._unqueue(waiter)
-                continue
-            if self._deadlines is not None and self._deadlines.late(waiter):
-                self._unqueue(waiter)  # its deadline passed while the loop ran late
-                self._timeouts += 1
-                waiter.set_result("timeout")
-                continue
-            if flow is not None:  # a flow's count first: see flow_statistics()
-                self._take(flow, weight)
-            self._active += weight
-            self._unqueue(waiter)  # its flow's next head is offered at the new held weight
-            self._handed[waiter] = (weight, flow)
-            if self._deadlines is not None:
-                self._deadlines.handed(weight)
-            waiter.set_result("admitted")
+            self._hand(chosen.waiter, chosen.weight, chosen.flow)
+
+    def _hand(self, waiter: Waiter, weight: int, flow: Hashable) -> bool:
+        """Admit the queued `waiter` (True), unless it left or its own deadline passed."""
+        if waiter.done():  # cancelled with its task, which counts it when it leaves
+            self._unqueue(waiter)
+            return False
+        if self._deadlines is not None and self._deadlines.late(waiter):
+            self._unqueue(waiter)  # its deadline passed while the loop ran late
+            self._timeouts += 1
+            waiter.set_result("timeout")
+            return False
+        if flow is not None:  # a flow's count first: see flow_statistics()
+            self._take(flow, weight)
+        self._active += weight
+        self._unqueue(waiter)  # its flow's next head is offered at the new held weight
+        self._handed[waiter] = (weight, flow)
+        if self._deadlines is not None:
+            self._deadlines.handed(weight)
+        waiter.set_result("admitted")
+        return True
 
     def settle(self, waiter: Waiter) -> None:
         """The task awaiting `waiter` resumed: weight handed to it is its own from now on, and

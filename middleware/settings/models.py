@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -30,6 +29,12 @@ from gym_concurrency.tokens import DEFAULT_OUTPUT_TOKENS
 from .asks import DeadlineSource, FlowSource, WeightSource, check_ask
 from .environment import READ_ENVIRONMENT, EnvironmentSource, environment_values
 from .files import load_mapping
+from .names import (
+    check_client_names,
+    check_no_overlapping_routes,
+    check_operation_names,
+    check_shared_route_limits,
+)
 from .numbers import NumbersAreNumbers, number
 
 __all__ = [
@@ -50,6 +55,8 @@ FailureProfile = Literal["problem", "openai", "episode"]
 _METHOD = re.compile(r"^[A-Z]+$")
 _Name = Annotated[str, Field(min_length=1, max_length=200)]
 _Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# How long lighter waiters may pass a blocked one (docs/flows.md, "Backfill"); 0: never.
+_Backfill = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 _KeyPrefix = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^{}\s]+$")]
 # Bodies of queued requests are held in memory: 1 MiB each and 64 MiB over all of them,
 # unless configured otherwise; past either bound a queued request stops being read.
@@ -136,6 +143,7 @@ class RouteLimit(NumbersAreNumbers):
     flow: FlowSource | None = None
     weight: WeightSource = 1
     default_output_tokens: int = Field(default=DEFAULT_OUTPUT_TOKENS, ge=1)
+    backfill_seconds: _Backfill = 0.0
 
     @field_validator("retry_after_seconds", mode="before")
     @classmethod
@@ -197,6 +205,7 @@ class OperationLimit(NumbersAreNumbers):
     timeout_seconds: _Seconds | None = None
     scope: LimitScope = "process"  # as RouteLimit.scope
     local_max_concurrent: int | None = Field(default=None, ge=1)  # as RouteLimit's
+    backfill_seconds: _Backfill = 0.0  # as RouteLimit's
 
     @field_validator("operation")
     @classmethod
@@ -254,6 +263,7 @@ class ClientLimit(NumbersAreNumbers):
     adaptive: AdaptiveLimit | None = None
     scope: LimitScope = "process"  # as RouteLimit.scope
     local_max_concurrent: int | None = Field(default=None, ge=1)  # as RouteLimit's
+    backfill_seconds: _Backfill = 0.0  # as RouteLimit's
 
     @model_validator(mode="after")
     def _starts_within_its_adaptive_bounds(self) -> Self:
@@ -308,10 +318,10 @@ class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
 
     @model_validator(mode="after")
     def _limits_are_consistent(self) -> Self:
-        _check_shared_route_limits(self.routes)
-        _check_no_overlapping_routes(self.routes)
-        _check_operation_names(self.operations, self.routes)
-        _check_client_names(self.clients, self.operations, self.routes)
+        check_shared_route_limits(self.routes)
+        check_no_overlapping_routes(self.routes)
+        check_operation_names(self.operations, self.routes)
+        check_client_names(self.clients, self.operations, self.routes)
         _check_global_limits(self)
         return self
 
@@ -346,36 +356,6 @@ class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
             READ_ENVIRONMENT.reset(token)
 
 
-# What routes sharing a limit_name share (one limit): a global limit and a process one cannot be
-# the same limit, nor two fallbacks of different sizes.
-_SHARED_ROUTE_FIELDS = (
-    "max_concurrent",
-    "queue_timeout_seconds",
-    "max_queue",
-    "adaptive",
-    "scope",
-    "local_max_concurrent",
-)
-
-
-def _check_shared_route_limits(routes: list[RouteLimit]) -> None:
-    first: dict[str, tuple[int, RouteLimit]] = {}
-    for index, route in enumerate(routes):
-        if route.limit_name not in first:
-            first[route.limit_name] = (index, route)
-            continue
-        first_index, other = first[route.limit_name]
-        for field in _SHARED_ROUTE_FIELDS:
-            mine, theirs = getattr(route, field), getattr(other, field)
-            if mine != theirs:
-                raise ValueError(
-                    f"routes.{index}.{field}: limit_name {route.limit_name!r} is shared with "
-                    f"routes.{first_index} ({other.path}), which sets {field}={theirs!r}, but "
-                    f"this route ({route.path}) sets {mine!r}; routes sharing a limit_name "
-                    "share one limit and must agree on it"
-                )
-
-
 def _check_global_limits(settings: ConcurrencySettings) -> None:
     entries: list[tuple[str, int, RouteLimit | OperationLimit | ClientLimit]] = [
         ("routes", i, r) for i, r in enumerate(settings.routes)
@@ -390,60 +370,13 @@ def _check_global_limits(settings: ConcurrencySettings) -> None:
                 f"{kind}.{index}.scope: limit {limit.limit_name!r} is global, which needs "
                 "redis_url (GYM_CONCURRENCY_REDIS_URL), the Redis every process shares"
             )
+        if limit.backfill_seconds:
+            raise ValueError(
+                f"{kind}.{index}.backfill_seconds: backfill is a process limit's; a global "
+                "limit's oldest waiter is never passed"
+            )
         if isinstance(limit, RouteLimit | ClientLimit) and limit.adaptive is not None:
             raise ValueError(
                 f"{kind}.{index}.adaptive: an adaptive limit follows this process's own "
                 "latency; it cannot drive a global limit that other processes share"
             )
-
-
-def _check_no_overlapping_routes(routes: list[RouteLimit]) -> None:
-    for index, route in enumerate(routes):
-        for earlier_index in range(index):
-            earlier = routes[earlier_index]
-            if earlier.path != route.path:
-                continue
-            common = _common_methods(earlier.methods, route.methods)
-            if common:
-                raise ValueError(
-                    f"routes.{index}: {route.path} {common} is already limited by "
-                    f"routes.{earlier_index}; a request can be under one route limit only"
-                )
-
-
-def _common_methods(a: Iterable[str] | None, b: Iterable[str] | None) -> str:
-    if a is None or b is None:
-        return "(every method)" if a is None and b is None else str(sorted(set(a or b or ())))
-    return str(sorted(set(a) & set(b))) if set(a) & set(b) else ""
-
-
-def _check_operation_names(operations: list[OperationLimit], routes: list[RouteLimit]) -> None:
-    route_names = {route.limit_name for route in routes}
-    seen: set[str] = set()
-    for index, operation in enumerate(operations):
-        name = operation.limit_name
-        if name in seen:
-            raise ValueError(f"operations.{index}.limit_name: {name!r} is configured twice")
-        if name in route_names:
-            raise ValueError(
-                f"operations.{index}.limit_name: {name!r} is also a route limit_name; "
-                "operation and route limits are separate limits and need distinct names"
-            )
-        seen.add(name)
-
-
-def _check_client_names(
-    clients: list[ClientLimit], operations: list[OperationLimit], routes: list[RouteLimit]
-) -> None:
-    others = {route.limit_name for route in routes} | {op.limit_name for op in operations}
-    seen: set[str] = set()
-    for index, client in enumerate(clients):
-        name = client.limit_name
-        if name in seen:
-            raise ValueError(f"clients.{index}.limit_name: {name!r} is configured twice")
-        if name in others:
-            raise ValueError(
-                f"clients.{index}.limit_name: {name!r} is also a route or operation limit_name; "
-                "a client limit is a limit of its own and needs a distinct name"
-            )
-        seen.add(name)

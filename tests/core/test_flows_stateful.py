@@ -1,18 +1,23 @@
 """A hypothesis state machine over weights and flows: random interleavings of acquires (each with
 a weight and a flow, through `acquire()` and through `enqueue()` / `leave()`), releases,
-cancellations (also of a waiter handed weight in that same step), timeouts and resizes.
+cancellations (also of a waiter handed weight in that same step), timeouts and resizes, with and
+without bounded backfill (`backfill_seconds`).
 
 Beside the semaphore runs a model written for reading, not speed: waiters in a list, the next
 one found by a scan. After every step the semaphore's holders are exactly the model's, which
 proves, step by step: held weight never above the limit at an admission, a flow holds what its
 holders took, freed capacity goes to the head of the least-held waiting flow (ties: the longest
 waiting) and the waiter chosen is never passed, nothing leaks, every failure is counted once.
+With backfill, the model admits past a blocked waiter chosen next exactly those the rule allows
+(the first `BACKFILL_SCAN` others in arrival order that fit, while it has been blocked less than
+`backfill_seconds`): held weight stays within the limit, flows hold what their holders took,
+nothing leaks; the fair order holds for every waiter not admitted by backfill.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from hypothesis import settings
@@ -20,6 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from gym_concurrency import MeteredSemaphore, QueueFullError
+from gym_concurrency.limits.backfill import BACKFILL_SCAN
 from tests.core.clock import ManualClockLoop
 
 FLOWS: list[Hashable] = [None, "a", "b", ("tenant", 3)]
@@ -84,11 +90,21 @@ class Attempt:
 class Model:
     """What the semaphore must do, the slow and obvious way."""
 
-    def __init__(self, limit: int, timeout: float | None, max_queue: int | None) -> None:
+    def __init__(
+        self,
+        limit: int,
+        timeout: float | None,
+        max_queue: int | None,
+        backfill: float = 0.0,
+        clock: Callable[[], float] = lambda: 0.0,
+    ) -> None:
         self.limit, self.timeout, self.max_queue = limit, timeout, max_queue
+        self.backfill, self.clock = backfill, clock
         self.waiting: list[Attempt] = []  # arrival order
         self.holders: list[Attempt] = []
         self.chosen: Attempt | None = None
+        self.blocked_at = 0.0  # when the chosen one was first found not to fit
+        self.backfilled = 0
         self.outcomes: list[str] = []
 
     @property
@@ -115,14 +131,29 @@ class Model:
 
     def admit(self) -> None:
         while self.waiting and self.active < self.limit:
+            fresh = self.chosen is None
             if self.chosen is None:
                 heads = [a for a in self.waiting if a is self._head_of(a.flow)]
                 self.chosen = min(heads, key=lambda a: (self.held(a.flow), a.arrival))
             if self.active + self.chosen.weight > self.limit:
+                if self.backfill:
+                    self._backfill(self.chosen, fresh)
                 return
             self.waiting.remove(self.chosen)
             self.holders.append(self.chosen)
             self.chosen = None
+
+    def _backfill(self, chosen: Attempt, fresh: bool) -> None:
+        if fresh:
+            self.blocked_at = self.clock()
+        elif self.clock() - self.blocked_at >= self.backfill:
+            return
+        others = [a for a in self.waiting[: BACKFILL_SCAN + 1] if a is not chosen]
+        for attempt in others[:BACKFILL_SCAN]:
+            if self.active + attempt.weight <= self.limit:
+                self.waiting.remove(attempt)
+                self.holders.append(attempt)
+                self.backfilled += 1
 
     def _head_of(self, flow: Hashable) -> Attempt:
         return next(a for a in self.waiting if a.flow == flow)
@@ -142,8 +173,15 @@ class Model:
             self.admit()
 
     def expire(self, now: float) -> None:
-        for attempt in [a for a in self.waiting if a.deadline is not None and a.deadline <= now]:
-            self.leave(attempt, "timeout")
+        # All at once, as the semaphore's timer does: then, if the chosen one was among them,
+        # what was held for it moves on.
+        expired = [a for a in self.waiting if a.deadline is not None and a.deadline <= now]
+        for attempt in expired:
+            self.outcomes.append("timeout")
+            self.waiting.remove(attempt)
+        if self.chosen in expired:
+            self.chosen = None
+            self.admit()
 
 
 class FlowMachine(RuleBasedStateMachine):
@@ -153,11 +191,16 @@ class FlowMachine(RuleBasedStateMachine):
         limit=st.integers(0, 5),
         timeout=st.none() | st.sampled_from([1.0, 2.5]),
         max_queue=st.none() | st.integers(0, 4),
+        backfill=st.sampled_from([0.0, 0.0, 1.0, 2.0]),
     )
-    def setup(self, limit: int, timeout: float | None, max_queue: int | None) -> None:
+    def setup(
+        self, limit: int, timeout: float | None, max_queue: int | None, backfill: float
+    ) -> None:
         self.loop = ManualClockLoop()
-        self.sem = MeteredSemaphore(limit, timeout=timeout, max_queue=max_queue)
-        self.model = Model(limit, timeout, max_queue)
+        self.sem = MeteredSemaphore(
+            limit, timeout=timeout, max_queue=max_queue, backfill_seconds=backfill
+        )
+        self.model = Model(limit, timeout, max_queue, backfill, lambda: self.loop.now)
         self.attempts: list[Attempt] = []
 
     def settle(self) -> None:
@@ -237,6 +280,9 @@ class FlowMachine(RuleBasedStateMachine):
             assert self.sem.active == self.model.active
             assert self.sem.queue_depth == len(self.model.waiting)
             assert self.sem.queued_weight == sum(a.weight for a in self.model.waiting)
+            assert self.sem.admission_backfilled == self.model.backfilled
+            if not self.model.backfill:
+                assert self.model.backfilled == 0
 
     @invariant()
     def each_flow_holds_what_its_holders_took(self) -> None:
@@ -273,5 +319,25 @@ class FlowMachine(RuleBasedStateMachine):
             assert self.sem.admission_shed == seen.count("shed")
 
 
+class BackfillMachine(FlowMachine):
+    """The same with backfill always on, limits that block heavier waiters and timeouts rarer:
+    schedules where waiters pass a blocked one, and where its bound runs out, are common."""
+
+    @initialize(
+        limit=st.integers(2, 5),
+        timeout=st.none() | st.just(2.5),
+        max_queue=st.none() | st.just(4),
+        backfill=st.sampled_from([0.5, 1.0, 2.0]),
+    )
+    def setup(
+        self, limit: int, timeout: float | None, max_queue: int | None, backfill: float
+    ) -> None:
+        super().setup(limit, timeout, max_queue, backfill)
+
+
 FlowMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=50, deadline=None)
 TestFlowMachine = FlowMachine.TestCase
+BackfillMachine.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=50, deadline=None
+)
+TestBackfillMachine = BackfillMachine.TestCase
