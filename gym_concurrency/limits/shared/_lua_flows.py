@@ -145,6 +145,7 @@ end
 -- Rebuild the flows' order and held weights from `queue` and `leases` (O(waiters + leases)):
 -- after the state or one of these keys was lost.
 local function reflow()
+  local chosen = S.chosen  -- (the waiter chosen next stays chosen: never passed)
   end_flow_mode()
   redis.call('DEL', K_FHELD)
   S.fh = 0
@@ -170,8 +171,12 @@ local function reflow()
     local name = flow or '\0'  -- (no named flow is '\0': its waiters could not be found)
     if heads[name] == nil then heads[name] = {member, flow} end
   end
-  if S.fw == 0 then end_flow_mode() return end
-  for _, head in pairs(heads) do ready(held_by(head[2]), head[1]) end
+  if S.fw > 0 then
+    for _, head in pairs(heads) do ready(held_by(head[2]), head[1]) end
+  else
+    end_flow_mode()
+  end
+  S.chosen = chosen
 end
 
 -- True if the flows' keys disagree with the counts (one of them lost): a renewal reflows.

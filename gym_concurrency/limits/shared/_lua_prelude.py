@@ -167,18 +167,25 @@ local function reap_waiters()
 end
 
 -- The waiter chosen next in flow mode, taken out of the queue if its weight fits (nil, and
--- kept as chosen, if not; nil, leaving flow mode, if the flows' keys were lost and hold
--- nobody).
+-- kept as chosen, if not; nil, leaving flow mode, if the flows' keys hold nobody). The
+-- flows' keys naming a waiter `queue` no longer has (one of them, or `queue`, was lost)
+-- are rebuilt, and the choice made again.
 local function flow_take()
-  local id, ticket = flow_next()
-  if id == nil then
+  for _ = 1, 2 do
+    local id, ticket = flow_next()
+    if id == nil then
+      reflow()
+      if S.fw == 0 then return nil end
+      id, ticket = flow_next()
+      if id == nil then return nil end
+    end
+    if S.held + weight(id) > S.limit then S.chosen = id return nil end
+    -- (its lease, or `rescore`, puts its flow's next head in)
+    if unqueue(id, ticket, true) == 1 then return id end
     reflow()
     if S.fw == 0 then return nil end
-    id, ticket = flow_next()
   end
-  if S.held + weight(id) > S.limit then S.chosen = id return nil end
-  unqueue(id, ticket, true)  -- (its lease, or `rescore`, puts its flow's next head in)
-  return id
+  return nil
 end
 
 -- The head of `id`'s flow into `ready`, if it waits (after a waiter taken `later` got no
@@ -197,6 +204,7 @@ end
 local function grant()
   if in_grace() then return end
   while S.held < S.limit and S.queued > 0 do
+    local before = S.queued
     local id = S.fw > 0 and flow_take()
     if not id then
       if S.fw > 0 then return end  -- (the one chosen does not fit)
@@ -219,12 +227,15 @@ local function grant()
       end
     end
     if not leased then rescore(id) end
+    if S.queued >= before then return end  -- (no waiter left the queue: stop, never spin)
   end
 end
 
+-- Queue `id` with the next ticket; one queued already (a call run twice: a reply lost and
+-- the call sent again; a renewal re-queueing it) keeps its ticket.
 local function enqueue(id)
-  S.seq = S.seq + 1
-  local added = redis.call('ZADD', K_QUEUE, S.seq, id)
+  local added = redis.call('ZADD', K_QUEUE, 'NX', S.seq + 1, id)
+  S.seq = S.seq + added
   S.queued, S.queued_weight = S.queued + added, S.queued_weight + added * weight(id)
   redis.call('ZADD', K_WEXP, now + TTL, id)
   if added == 1 then flow_enqueue(id, S.seq) end

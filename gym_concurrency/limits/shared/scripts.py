@@ -98,6 +98,9 @@ for i = 8 + removals, #ARGV do
   end
   statuses[#statuses + 1] = status
 end
+-- With flows, one queued behind others may be the fair next (its flow holds the least): it
+-- is granted now, not at the next call.
+if S.fw > 0 then grant() end
 return answer(0, statuses)
 """
 )
