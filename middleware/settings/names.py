@@ -69,32 +69,33 @@ def _common_methods(a: Iterable[str] | None, b: Iterable[str] | None) -> str:
 
 
 def check_operation_names(operations: list[OperationLimit], routes: list[RouteLimit]) -> None:
-    route_names = {route.limit_name for route in routes}
-    seen: set[str] = set()
-    for index, operation in enumerate(operations):
-        name = operation.limit_name
-        if name in seen:
-            raise ValueError(f"operations.{index}.limit_name: {name!r} is configured twice")
-        if name in route_names:
-            raise ValueError(
-                f"operations.{index}.limit_name: {name!r} is also a route limit_name; "
-                "operation and route limits are separate limits and need distinct names"
-            )
-        seen.add(name)
+    _check_distinct(
+        "operations",
+        [operation.limit_name for operation in operations],
+        {route.limit_name for route in routes},
+        "is also a route limit_name; operation and route limits are separate limits and need "
+        "distinct names",
+    )
 
 
 def check_client_names(
     clients: list[ClientLimit], operations: list[OperationLimit], routes: list[RouteLimit]
 ) -> None:
-    others = {route.limit_name for route in routes} | {op.limit_name for op in operations}
+    _check_distinct(
+        "clients",
+        [client.limit_name for client in clients],
+        {route.limit_name for route in routes} | {op.limit_name for op in operations},
+        "is also a route or operation limit_name; a client limit is a limit of its own and "
+        "needs a distinct name",
+    )
+
+
+def _check_distinct(section: str, names: list[str], taken: set[str], also: str) -> None:
+    """ValueError naming the entry of `section` whose name repeats, or is in `taken`."""
     seen: set[str] = set()
-    for index, client in enumerate(clients):
-        name = client.limit_name
+    for index, name in enumerate(names):
         if name in seen:
-            raise ValueError(f"clients.{index}.limit_name: {name!r} is configured twice")
-        if name in others:
-            raise ValueError(
-                f"clients.{index}.limit_name: {name!r} is also a route or operation limit_name; "
-                "a client limit is a limit of its own and needs a distinct name"
-            )
+            raise ValueError(f"{section}.{index}.limit_name: {name!r} is configured twice")
+        if name in taken:
+            raise ValueError(f"{section}.{index}.limit_name: {name!r} {also}")
         seen.add(name)
