@@ -50,6 +50,7 @@ DEFAULT_PROBE_SECONDS = 10.0  # re-measure the baseline this often (and not more
 PROBE_MIN_WINDOWS = 16  # ... every 16 windows), at PROBE_FACTOR of the limit, never below
 DEFAULT_PROBE_FACTOR = 0.75  # the floor
 DEFAULT_AIMD_BACKOFF = 0.9
+AIMD_MAX_HOLD = 16  # windows, at most, that AIMD waits to grow back to a limit that backed off
 FASTER = 0.8  # a window this much faster than the baseline re-bases it at once
 
 
@@ -166,10 +167,22 @@ class AdaptiveController:
             self._latencies.append(finished - started)
         if inflight > self._max_inflight:
             self._max_inflight = inflight
-        # A window is at least min_samples and one sample per slot it used (a round trip).
-        if self._samples < self._min_samples or self._samples < self._max_inflight:
+        # A window is at least min_samples and one sample per slot it used (a round trip),
+        # unless its overload answers already decide it: then it closes at once, before more
+        # work is sent into the overload (an upstream refusing past its capacity answers at
+        # once, and would fill the rest of the window with refusals).
+        if overload and self._overloads >= self._overloads_deciding(self._window_size()):
+            return self._close_window(finished)
+        if self._samples < self._window_size():
             return None
         return self._close_window(finished)
+
+    def _window_size(self) -> int:
+        return max(self._min_samples, self._max_inflight)
+
+    def _overloads_deciding(self, size: int) -> int:
+        """How many overload answers decide a window of `size` samples (AIMD: any one)."""
+        return 1
 
     def _reset_window(self) -> None:
         self._samples = 0
@@ -179,7 +192,9 @@ class AdaptiveController:
 
     def _close_window(self, now: float) -> int | None:
         self.windows += 1
-        samples, overloads, saturated = self._samples, self._overloads, self._max_inflight
+        # An early close counts its overloads against the window it cut short.
+        samples = max(self._samples, self._window_size())
+        overloads, saturated = self._overloads, self._max_inflight
         latencies = self._latencies
         self._reset_window()
         rtt = _median(latencies) if latencies else None
@@ -198,6 +213,8 @@ class AdaptiveController:
                     self._baseline = rtt
             in_use = saturated >= self._limit
             estimate = self._decide(self._estimate, rtt, overloads / samples, in_use)
+            if estimate < self._estimate:  # a decrease takes at least one slot (x0.9 of a
+                estimate = min(estimate, self._limit - 1.0)  # small limit would round back)
             estimate = min(float(self.max_limit), max(float(self.min_limit), estimate))
             if self._should_probe(now, estimate, rtt, overloads):
                 # From the limit this window ran at (its growth waits): a probe relative to
@@ -280,6 +297,9 @@ class GradientController(AdaptiveController):
         super().__init__(min_limit, max_limit, initial, tolerance=tolerance, **tuning)
         self._ceiling = math.inf  # the estimate at which latency last rose past tolerance
 
+    def _overloads_deciding(self, size: int) -> int:
+        return (size + 1) // 2  # half the window: it halves, the most a window shrinks
+
     def _decide(self, estimate: float, rtt: float | None, overload: float, in_use: bool) -> float:
         if overload:
             self._ceiling = estimate
@@ -301,10 +321,13 @@ class GradientController(AdaptiveController):
 
 class AimdController(AdaptiveController):
     """Additive increase, multiplicative decrease: +1 after a window that used every slot
-    with no overload, times `backoff` after a window with any overload answer, or (with a
-    `tolerance`) whose median latency exceeded `tolerance` times the baseline."""
+    with no overload, times `backoff` (at least one slot) after a window with any overload
+    answer, or (with a `tolerance`) whose median latency exceeded `tolerance` times the
+    baseline. Growing back to the limit that last backed off waits more windows each time that
+    limit backs off again (0, 1, 2, 4, ... up to AIMD_MAX_HOLD): an upstream that refuses its
+    fourth call is not sent one every other window."""
 
-    __slots__ = ("backoff",)
+    __slots__ = ("_hold", "_refused_at", "_waited", "backoff")
     algorithm: ClassVar[Algorithm] = "aimd"
 
     def __init__(
@@ -323,11 +346,29 @@ class AimdController(AdaptiveController):
             tuning["probe_seconds"] = None
         super().__init__(min_limit, max_limit, initial, tolerance=tolerance, **tuning)
         self.backoff = backoff
+        self._refused_at: int | None = None  # the limit that last backed off
+        self._hold = 0  # windows a growth back to it waits
+        self._waited = 0
 
     def _decide(self, estimate: float, rtt: float | None, overload: float, in_use: bool) -> float:
         if overload or (rtt is not None and not self._healthy(rtt)):
+            if self._refused_at == self._limit:  # backed off at this limit again
+                self._hold = min(max(1, 2 * self._hold), AIMD_MAX_HOLD)
+            else:
+                self._refused_at, self._hold = self._limit, 0
+            self._waited = 0
             return estimate * self.backoff
-        return estimate + 1.0 if in_use else estimate
+        if not in_use:
+            return estimate
+        refused_at = self._refused_at
+        if refused_at is not None:
+            if self._limit >= refused_at:  # a full, healthy window there: it takes that now
+                self._refused_at, self._hold = None, 0
+            elif int(estimate + 1.5) >= refused_at and self._waited < self._hold:
+                self._waited += 1
+                return estimate
+        self._waited = 0
+        return estimate + 1.0
 
 
 def make_controller(

@@ -197,6 +197,25 @@ class ShippedStack:
             time.monotonic() - started,
         )
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time so far of each server of this stack (by its folder's name, with its reaped
+        children: math_with_judge's verifier forks), and of the rest of its processes ("other")."""
+        import psutil  # NeMo Gym's CLI depends on it
+
+        assert self.process is not None
+        found: dict[str, float] = {}
+        for process in psutil.process_iter():
+            try:
+                if os.getpgid(process.pid) != self.process.pid:
+                    continue
+                times, cwd, words = process.cpu_times(), process.cwd(), process.cmdline()
+            except (psutil.Error, ProcessLookupError):
+                continue
+            name = Path(cwd).name if "app.py" in words else "other"
+            total = times.user + times.system + times.children_user + times.children_system
+            found[name] = found.get(name, 0.0) + total
+        return found
+
     def stop(self) -> None:
         """Ctrl-C, as a user stops it, then whatever of its process group is left, killed."""
         process = self.process

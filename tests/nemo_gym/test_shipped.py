@@ -43,6 +43,11 @@ SEED_LIMITS = {  # limit_name -> the attributes the seed gives it (component, li
     "library_verifier": ("resources_server", "library_verifier", "math_with_judge"),
 }
 
+# The ServerClient case (refusals met in run()): NEMO_GYM_SHIPPED_REFUSAL_TASKS=400
+# NEMO_GYM_SHIPPED_REFUSAL_CONCURRENCY=128 is the table in docs/nemo-gym.md; CI runs 32 at 16.
+REFUSAL_TASKS = int(os.environ.get("NEMO_GYM_SHIPPED_REFUSAL_TASKS", "32"))
+REFUSAL_CONCURRENCY = int(os.environ.get("NEMO_GYM_SHIPPED_REFUSAL_CONCURRENCY", "16"))
+
 pytestmark = pytest.mark.timeout(900)
 
 
@@ -124,9 +129,11 @@ def test_refusals_met_through_server_client_are_not_terminal(
         f"++{model}.upstream_pool_timeout_seconds=0.05",
     ]
     tasks = tmp_path / "tasks.jsonl"
-    write_tasks(tasks, 32)
+    write_tasks(tasks, REFUSAL_TASKS)
     with ShippedStack(tmp_path_factory.mktemp("tight"), upstream, config=tight) as stack:
-        first = stack.eval_run(tasks, "results/tight.jsonl", "--concurrency", "16")
+        first = stack.eval_run(
+            tasks, "results/tight.jsonl", "--concurrency", str(REFUSAL_CONCURRENCY)
+        )
         assert first.returncode == 0, first.log[-4000:]
         assert terminal(first) == []
         stages = {}
@@ -138,8 +145,15 @@ def test_refusals_met_through_server_client_are_not_terminal(
         # One --resume, one rollout at a time: every refused rollout runs again and completes.
         resumed = stack.eval_run(tasks, "results/tight.jsonl", "--concurrency", "1", "--resume")
         assert resumed.returncode == 0, resumed.log[-4000:]
+        by_stage = {stage: len(messages) for stage, messages in stages.items()}
+        print(  # the figures (pytest -s): docs/nemo-gym.md, "NeMo Gym as shipped", Measured
+            f"\n{REFUSAL_TASKS} tasks at --concurrency {REFUSAL_CONCURRENCY}: first pass "
+            f"{len(first.rollouts)} completed, {len(first.failures) - len(terminal(first))} "
+            f"non-terminal {by_stage}, {len(terminal(first))} terminal; after one --resume "
+            f"{len(resumed.rollouts)} completed, {len(terminal(resumed))} terminal"
+        )
         assert terminal(resumed) == []
-        assert len(resumed.rollouts) == 32
+        assert len(resumed.rollouts) == REFUSAL_TASKS
         last = {line.limit_name: line.values for line in _settled(stack)}
     # Each refusal counted once, as an admission timeout of the limit that refused it.
     assert last["episodes"]["admission_timeouts_total"] == len(stages["admission"])
@@ -175,6 +189,7 @@ def test_the_instrumentation_costs_little(
     tasks = tmp_path / "tasks.jsonl"
     write_tasks(tasks, COST_TASKS)
     seconds: dict[bool, list[float]] = {True: [], False: []}
+    cpu: dict[bool, list[dict[str, float]]] = {True: [], False: []}
     with (
         # Console lines as often as the doc's commands print them (every second).
         ShippedStack(tmp_path_factory.mktemp("with"), upstream, interval_ms=1000) as instrumented,
@@ -182,9 +197,12 @@ def test_the_instrumentation_costs_little(
     ):
         for number in range(COST_ROUNDS):
             for stack in (instrumented, plain) if number % 2 else (plain, instrumented):
+                before, children = stack.cpu_seconds(), _children_cpu()
                 run = stack.eval_run(
                     tasks, f"results/cost-{number}.jsonl", "--concurrency", str(CONCURRENCY)
                 )
+                used = {k: v - before.get(k, 0.0) for k, v in stack.cpu_seconds().items()}
+                cpu[stack.opt_in].append(used | {"gym eval run": _children_cpu() - children})
                 assert run.returncode == 0, run.log[-4000:]
                 assert len(run.rollouts) == COST_TASKS
                 assert run.collection_seconds is not None
@@ -192,4 +210,18 @@ def test_the_instrumentation_costs_little(
     ratio = statistics.median(seconds[True]) / statistics.median(seconds[False])
     print(f"\ncollection seconds with the opt-in {seconds[True]}, without {seconds[False]}")
     print(f"instrumentation cost: {100 * (ratio - 1):+.1f} % of the median wall time")
+    for opt_in in (True, False):  # CPU seconds per run, medians
+        names = sorted({name for used in cpu[opt_in] for name in used})
+        medians = {
+            n: round(statistics.median(u.get(n, 0.0) for u in cpu[opt_in]), 2) for n in names
+        }
+        print(f"CPU {'with' if opt_in else 'without'} the opt-in: {medians}")
     assert ratio <= COST_RATIO, seconds
+
+
+def _children_cpu() -> float:
+    """CPU time of this process's reaped children (each `gym eval run`)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime

@@ -140,8 +140,9 @@ class MathEnvironmentServer(BaseEnvironmentServer[MathRequest, MathResponse]):
 
 def finds(max_concurrent: int) -> AdaptiveLimit:
     """An outbound limit that finds what the next hop takes: it starts at `max_concurrent`,
-    shrinks after a window with a 429 / 503 (or a connection error) and grows back by one slot
-    after a window that used every slot, never above `max_concurrent`; latency never moves it."""
+    shrinks at once at a 429 / 503 (or a connection error) and grows back by one slot after a
+    window that used every slot, never above `max_concurrent` (and back to a size that was
+    refused, ever more slowly: docs/adaptive-limits.md, AIMD); latency never moves it."""
     return AdaptiveLimit(
         min_concurrent=1, max_concurrent=max_concurrent, algorithm="aimd", latency_tolerance=None
     )
