@@ -4,8 +4,9 @@ script's `EVALSHA <sha> <n> <keys...>` packed once.
 
 About 17 µs of client CPU a call instead of 55-75 µs through `Script.__call__` (redis-py 8).
 What it cannot do plainly goes the usual way, with the same outcome: a script Redis has not
-loaded (after a restart or a failover: the usual call loads it), a connection that failed (the
-usual call's one retry on a fresh connection), a Redis Cluster client (no single pool).
+loaded (after a restart or a failover: the usual call loads it), a connection that failed or
+that the peer closed (the usual call, on a fresh connection: a script run twice is harmless,
+see `enqueue`), a Redis Cluster client (no single pool).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ class ScriptLane:
         self._free: list[Any] = []  # connections kept, idle
         self._broken: list[Any] = []  # connections a call left mid-reply: given back first
         self._no_script, self._answered = exceptions.NoScriptError, exceptions.ResponseError
-        self._lost = (exceptions.ConnectionError, exceptions.TimeoutError, OSError)
 
     async def call(self, name: str, args: list[Any]) -> Any:
         """Run script `name` with `args`; its raw reply."""
@@ -43,7 +43,7 @@ class ScriptLane:
             return await self._usual(name, args)
         if self._broken:
             await self._give_back_broken()
-        connection = self._free.pop() if self._free else await self._pool.get_connection()
+        connection = self._kept() or await self._pool.get_connection()
         try:
             await connection.send_packed_command(self._packed(name, args), check_health=False)
             reply = await connection.read_response()
@@ -53,7 +53,7 @@ class ScriptLane:
         except self._answered:
             self._free.append(connection)
             raise
-        except self._lost:
+        except Exception:  # lost, or its transport closed under it: a fresh connection's turn
             self._broken.append(connection)
             return await self._usual(name, args)
         except BaseException:  # cancelled (a timeout) mid-call: its reply may still come
@@ -61,6 +61,17 @@ class ScriptLane:
             raise
         self._free.append(connection)
         return reply
+
+    def _kept(self) -> Any:
+        """An idle kept connection whose transport is open (one the peer closed meanwhile is
+        given back to the pool, which reconnects it), or None."""
+        while self._free:
+            connection = self._free.pop()
+            writer = getattr(connection, "_writer", None)
+            if writer is None or not writer.transport.is_closing():
+                return connection  # (not connected yet: it connects as it sends)
+            self._broken.append(connection)
+        return None
 
     async def _usual(self, name: str, args: list[Any]) -> Any:
         return await self._scripts[name](keys=self._keys, args=args)
@@ -74,9 +85,12 @@ class ScriptLane:
         return b"*%d\r\n%s%s" % (count + len(args), packed, b"".join(map(_bulk, args)))
 
     async def _give_back_broken(self) -> None:
-        """Connections a call left mid-reply go back to the pool closed (it reconnects)."""
-        broken, self._broken = self._broken, []
+        """Connections a call left mid-reply, or the peer closed, go back to the pool closed
+        (it reconnects them), one at a time: a call cancelled meanwhile leaves none out."""
         assert self._pool is not None
-        for connection in broken:
-            await connection.disconnect(nowait=True)
-            await self._pool.release(connection)
+        while self._broken:
+            connection = self._broken.pop()
+            try:
+                await connection.disconnect(nowait=True)
+            finally:
+                await self._pool.release(connection)
