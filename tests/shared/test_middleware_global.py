@@ -225,14 +225,14 @@ async def test_a_quiet_flow_in_one_process_is_not_queued_behind_another_processs
                     client.post(f"{server.url}/run", params=params, headers={"x-env": env})
                 )
 
-            flood = [post(flooded, "flood", f"flood{n}", hold=1.0 + n) for n in range(2)]
+            flood = [post(flooded, "flood", f"flood{n}", hold=1.5 + n) for n in range(2)]
             deadline = time.monotonic() + 10
             while peak(redis_server, key) < 2:  # both slots held by the flood
                 assert time.monotonic() < deadline, "the flood was never admitted"
                 await asyncio.sleep(0.02)
             for n in range(2, 8):  # queued in that order
                 flood.append(post(flooded, "flood", f"flood{n}"))
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.05)
             await asyncio.sleep(0.05)
             calm = post(quiet, "quiet", "quiet")  # the last to arrive, in another process
             answers = await asyncio.gather(*flood, calm)
@@ -242,7 +242,9 @@ async def test_a_quiet_flow_in_one_process_is_not_queued_behind_another_processs
         # the quiet request goes next, ahead of the flood's backlog (one FIFO queue would
         # have put it last), and the flood keeps its own order.
         assert order.index("quiet") == 2, order
-        assert [tag for tag in order if tag != "quiet"] == [f"flood{n}" for n in range(8)]
+        flooded_order = [tag for tag in order if tag != "quiet"]
+        assert set(flooded_order[:2]) == {"flood0", "flood1"}  # (sent together: either first)
+        assert flooded_order[2:] == [f"flood{n}" for n in range(2, 8)]
     finally:
         servers.close()
 
