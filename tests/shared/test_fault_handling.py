@@ -427,3 +427,31 @@ async def test_scripts_flushed_or_connections_killed_cost_no_admission(
         await settle(limit)
     assert (limit.admission_unavailable, limit.active, limit.global_active) == (0, 0, 0)
     assert leases(client, limit) == set()
+
+
+async def test_a_call_cancelled_mid_reply_gives_its_connection_back(
+    on_own: Limits, own_redis: RedisServer
+) -> None:
+    """A script call cut off by the Redis timeout (Redis stopped: SIGSTOP) leaves its kept
+    connection mid-reply: it goes back to the pool closed, none is lost, and admissions work
+    again once Redis does."""
+    limit = on_own(2, **LEASE)
+    assert await limit.enqueue() == "admitted"
+    limit.release()
+    await settle(limit)
+    lane = limit._store._lane
+    assert lane is not None
+    own_redis.pause()
+    try:
+        assert await limit.enqueue() == "unavailable"  # its call timed out mid-reply
+    finally:
+        own_redis.resume()
+    assert len(lane._broken) >= 1
+    await wait_for(lambda: limit.connected, 5.0, "Redis answering again")
+    for _ in range(3):
+        assert await limit.enqueue() == "admitted"
+        limit.release()
+        await settle(limit)
+    assert lane._broken == []  # given back to the pool, closed
+    pool = limit._store._client.connection_pool
+    assert len(pool._in_use_connections) <= len(lane._free) + 1, "a connection leaked"

@@ -12,7 +12,7 @@ import pytest
 
 from gym_concurrency import SharedLimit
 from gym_concurrency.limits.limit import Admission
-from tests.shared.helpers import Limits, settle, wait_for
+from tests.shared.helpers import Limits, leases, settle, wait_for
 
 FLOW_KEYS = ("fq", "ready", "fheld", "dq")
 
@@ -158,3 +158,57 @@ async def test_a_lost_flow_key_is_rebuilt_and_admits_nothing_more(
     await wait_for(lambda: admitted(waits) == [0, 1, 2, 3], 3, "the last")
     b.release(2, "x")
     b.release(1)
+
+
+async def test_a_waiter_sent_twice_keeps_its_ticket_and_nothing_spins(
+    limits: Limits, redis_server: object
+) -> None:
+    """An ACQUIRE run twice (its reply lost, the call sent again) must not give a queued
+    waiter a second ticket: the flows' order would name a ticket the queue no longer has and
+    the next hand-off would loop in Redis (BUSY) for good."""
+    client = redis_server.client()  # type: ignore[attr-defined]
+    a = limits(1)
+    assert await a.enqueue() == "admitted"
+    store = a._store
+    first, second = f"{store.proc}:900@f", f"{store.proc}:901@g"
+    await store.acquire(None, [first, second], [])
+    ticket = client.zscore(a.redis_keys["queue"], first)
+    await store.acquire(None, [first], [])  # the same call again
+    assert client.zscore(a.redis_keys["queue"], first) == ticket
+    await store.remove([first])  # it leaves
+    a.release()  # the hand-off: to the other flow's waiter, at once (spinning: BUSY)
+    # (granted, then given back at once: this process never waited for that id)
+    await wait_for(lambda: client.zcard(a.redis_keys["queue"]) == 0, 3, "the hand-off")
+    assert client.hget(a.redis_keys["state"], "fw") == "0"
+
+
+async def test_a_lost_queue_key_with_flows_waiting_never_spins(
+    limits: Limits, redis_server: object
+) -> None:
+    client = redis_server.client()  # type: ignore[attr-defined]
+    a = limits(2)
+    assert await a.enqueue(2) == "admitted"
+    store = a._store
+    await store.acquire(None, [f"{store.proc}:900@f", f"{store.proc}:901@g"], [])
+    client.delete(a.redis_keys["queue"])  # the waiters go with it; the flows' keys stay
+    a.release(2)  # answered (no endless hand-off); nothing admitted from the lost queue
+    await settle(a)
+    assert leases(client, a) == set()
+    assert a.global_active == 0
+
+
+async def test_a_waiter_queued_behind_another_flow_is_granted_when_it_is_the_fair_next(
+    limits: Limits,
+) -> None:
+    """Arrivals of one moment are one ACQUIRE: a light waiter queued behind a heavy one of a
+    flow holding more is the fair next and fits, so it is admitted in that call, not at the
+    next re-check."""
+    holder, other = limits(3, lease_seconds=6.0, redis_timeout=1.0), limits(3)
+    assert await holder.enqueue(2, "f") == "admitted"
+    heavy, light = other.enqueue(3, "f"), other.enqueue(1)  # sent together: one call
+    assert await asyncio.wait_for(light, 0.5) == "admitted"  # the default flow holds 0
+    assert not heavy.done()
+    other.release()
+    holder.release(2, "f")
+    assert await asyncio.wait_for(heavy, 3) == "admitted"
+    other.release(3, "f")
