@@ -455,3 +455,25 @@ async def test_a_call_cancelled_mid_reply_gives_its_connection_back(
     assert lane._broken == []  # given back to the pool, closed
     pool = limit._store._client.connection_pool
     assert len(pool._in_use_connections) <= len(lane._free) + 1, "a connection leaked"
+
+
+async def test_a_release_sent_with_an_acquire_that_fails_is_removed_later(
+    on_own: Limits, own_redis: RedisServer
+) -> None:
+    """A release and an acquire of one moment travel in one call; if that call fails (Redis
+    stopped), the released lease is removed by the renewals once Redis answers: never left
+    held in Redis."""
+    client = own_redis.client()
+    limit = on_own(2, **LEASE)
+    assert await limit.enqueue() == "admitted"
+    await settle(limit)
+    own_redis.pause()
+    try:
+        limit.release()
+        assert await limit.enqueue() == "unavailable"  # the call with both timed out
+    finally:
+        own_redis.resume()
+    await wait_for(lambda: limit.connected, 5.0, "Redis answering again")
+    await limit._sync.sync()
+    assert leases(client, limit) == set()
+    assert limit.active == 0
