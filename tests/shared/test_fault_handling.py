@@ -457,6 +457,53 @@ async def test_a_call_cancelled_mid_reply_gives_its_connection_back(
     assert len(pool._in_use_connections) <= len(lane._free) + 1, "a connection leaked"
 
 
+async def test_a_client_error_that_is_no_redis_error_fails_the_call_and_strands_nothing(
+    limits: Limits, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py writing to a connection the peer reset can raise a plain AttributeError
+    (python/cpython#136234): the call failed like any other. Its waiter ends
+    "unavailable" at once (never waits forever), and admissions work again after."""
+    limit = limits(2, **LEASE)
+    assert await limit.enqueue() == "admitted"
+    limit.release()
+    await settle(limit)
+    lane = limit._store._lane
+    assert lane is not None
+    usual_call = lane.call
+
+    async def broken_once(name: str, args: list[object]) -> object:
+        monkeypatch.setattr(lane, "call", usual_call)
+        raise AttributeError("'NoneType' object has no attribute '_add_writer'")
+
+    monkeypatch.setattr(lane, "call", broken_once)
+    assert await asyncio.wait_for(limit.enqueue(), 5) == "unavailable"
+    assert (limit.queue_depth, limit.active) == (0, 0)
+    await wait_for(lambda: limit.connected, 5.0, "admissions again")
+    assert await limit.enqueue() == "admitted"
+    limit.release()
+
+
+async def test_a_registration_cancelled_in_flight_ends_its_waiters(
+    on_own: Limits, own_redis: RedisServer
+) -> None:
+    """A registration cancelled while its call waits (asyncio.run cancels what is left at
+    shutdown) ends its waiters "unavailable": none waits for an answer that cannot come."""
+    limit = on_own(2, redis_timeout=5.0, lease_seconds=20.0)
+    assert await limit.enqueue() == "admitted"
+    limit.release()
+    await settle(limit)
+    own_redis.pause()
+    try:
+        waiting = limit.enqueue()
+        await asyncio.sleep(0.2)  # its call waits on the stopped Redis
+        for task in limit._sync.background:
+            task.cancel()
+        assert await asyncio.wait_for(waiting, 2) == "unavailable"
+        assert limit.queue_depth == 0
+    finally:
+        own_redis.resume()
+
+
 async def test_a_release_sent_with_an_acquire_that_fails_is_removed_later(
     on_own: Limits, own_redis: RedisServer
 ) -> None:

@@ -259,8 +259,16 @@ class RedisStore:
 
     async def _call(self, script: str, args: list[Any]) -> list[Any]:
         assert self._lane is not None, "start() makes the lane"
-        async with asyncio.timeout(self._redis_timeout):
-            raw: list[Any] = await self._lane.call(script, self._args(args))
+        try:
+            async with asyncio.timeout(self._redis_timeout):
+                raw: list[Any] = await self._lane.call(script, self._args(args))
+        except self.failures:
+            raise
+        except Exception as error:
+            # The client's own error on a connection the peer reset (redis-py's writelines on
+            # a transport whose connection was lost: AttributeError, python/cpython#136234)
+            # is a call that failed like any other, never an escape that strands waiters.
+            raise ConnectionError(f"the Redis client failed: {error!r}") from error
         self._answered(raw)
         return raw
 

@@ -208,12 +208,18 @@ class RedisSync(SizeSync):
             waiter.sent_at = sent
         try:
             reply = await self._store.acquire(self._max_queue, ids, removals)
-        except self._store.failures as error:
-            self._store.failed("acquire", error)
+        except BaseException as error:
+            # Whatever ended the call (a cancel at shutdown too), no waiter of it may be left
+            # waiting for an answer that never comes.
+            failed = isinstance(error, self._store.failures)
+            if failed:
+                self._store.failed("acquire", error)
             self.drop_later([*removals, *ids])  # (they may have run: removed once it answers)
             for waiter in waiters:
                 if self._waiters.current(waiter):
                     self._unreachable(waiter)
+            if not failed:
+                raise
             return
         for waiter, status in zip(waiters, reply.statuses, strict=True):
             self._registered(waiter, status)

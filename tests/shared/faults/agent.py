@@ -158,7 +158,9 @@ class Agent:
 
     async def stop(self) -> dict[str, Any]:
         self.wanted = 0
+        dump = asyncio.get_running_loop().call_later(20, self.dump, "stop stalled")
         await asyncio.gather(*self.clients, return_exceptions=True)
+        dump.cancel()
         await self.release()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10):
@@ -166,6 +168,18 @@ class Agent:
                     await asyncio.sleep(0.01)
         await self.limit.close()
         return self.counts()
+
+    def dump(self, why: str) -> None:
+        """Write the limit's state, its waiters and every task's stack to stderr (the agent's
+        log, which a test that timed out waiting on this agent shows)."""
+        out = sys.stderr
+        print(f"--- {self.name}: {why}; {self.limit!r} {self.limit.statistics()}", file=out)
+        for waiter in self.limit._waiters.all():
+            print(f"waiter {waiter.id} weight {waiter.weight} flow {waiter.flow} registered "
+                  f"{waiter.registered} sent_at {waiter.sent_at}", file=out)  # fmt: skip
+        for task in asyncio.all_tasks():
+            task.print_stack(limit=12, file=out)
+        out.flush()
 
     async def handle(self, command: dict[str, Any]) -> dict[str, Any]:
         op = command.pop("op")

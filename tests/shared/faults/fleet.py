@@ -39,7 +39,8 @@ class AgentProcess:
             if self.process.poll() is not None:
                 raise AssertionError(f"agent {self.name} exited: {self.output()}")
             if time.monotonic() > deadline:
-                raise AssertionError(f"agent {self.name} did not answer within {within} s")
+                log = self.fleet.log(self.name)[-6000:]
+                raise AssertionError(f"agent {self.name} did not answer within {within} s:\n{log}")
 
     def ask(self, op: str, within: float = 30.0, **arguments: Any) -> dict[str, Any]:
         self.send(op, **arguments)
