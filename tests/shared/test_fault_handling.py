@@ -355,6 +355,90 @@ def test_a_new_event_loop_ends_the_heartbeat_of_the_old_one(
     assert done.stdout.strip() == "1"  # the first loop's heartbeat thread ended
 
 
+UNCLOSED_PROGRAM = """
+import asyncio, sys
+from gym_concurrency import SharedLimit
+
+limit = SharedLimit(1, redis_url=sys.argv[1], key=sys.argv[2], lease_seconds=4.5,
+                    redis_timeout=2.0)
+
+async def once():
+    assert await limit.enqueue() == "admitted"  # (after the young Redis's grace period)
+    limit.release()
+
+asyncio.run(once())  # never closed: asyncio.run's shutdown cancels the mailbox
+print("exited")
+"""
+
+
+def test_asyncio_run_ends_with_a_limit_never_closed(own_redis: RedisServer, key: str) -> None:
+    """A program whose limit is never closed still ends: asyncio.run cancels the mailbox's
+    pop in flight, which redis-py 8 can swallow (the mailbox popped on, forever)."""
+    done = subprocess.run(
+        [sys.executable, "-c", UNCLOSED_PROGRAM, own_redis.url, key],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "exited"
+
+
+STUCK_OLD_HEARTBEAT_PROGRAM = """
+import asyncio, os, signal, sys, time
+from gym_concurrency import SharedLimit
+
+url, key, pid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+lease = 4.5
+limit = SharedLimit(1, redis_url=url, key=key, lease_seconds=lease, redis_timeout=2.0)
+other = SharedLimit(1, redis_url=url, key=key, lease_seconds=lease, redis_timeout=2.0)
+
+async def once():
+    assert await limit.enqueue() == "admitted"
+    limit.release()
+
+async def on_a_new_loop():
+    # Starts the limit on this loop while the old thread waits on the stopped Redis (given
+    # up on after 2 s); then Redis answers, the old call returns, the old thread ends.
+    held = limit.enqueue()
+    os.kill(pid, signal.SIGCONT)
+    try:
+        assert await held == "admitted"
+        await asyncio.sleep(2 * lease)  # renewed by the new thread, or expired
+        print(await other.enqueue(deadline=1.0))  # the one slot is still held
+        limit.release()
+    finally:
+        await other.close()
+        await limit.close()
+
+asyncio.run(once())  # (never closed)
+os.kill(pid, signal.SIGSTOP)
+time.sleep(1.6)  # the old heartbeat thread is in a renewal that waits on the stopped Redis
+asyncio.run(on_a_new_loop())  # ends the old thread: it gives up waiting for it after 2 s
+"""
+
+
+def test_a_new_event_loop_renews_though_the_old_heartbeat_ends_later(
+    own_redis: RedisServer, key: str
+) -> None:
+    """The limit starts again on a new event loop while the old loop's heartbeat thread is
+    still in a call (Redis stopped): the new heartbeat renews with a client of its own after
+    the old thread ends and closes its client. A held slot stays held, never expires."""
+    assert own_redis.process is not None
+    pid = str(own_redis.process.pid)
+    done = subprocess.run(
+        [sys.executable, "-c", STUCK_OLD_HEARTBEAT_PROGRAM, own_redis.url, key, pid],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    own_redis.resume()  # (if the program failed before it did)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "timeout"
+
+
 async def _just_after_a_heartbeat(client: redis.Redis, limit: SharedLimit) -> str:
     """The id of `limit`'s one lease, once its heartbeat has just renewed it."""
     (held,) = held_ids(limit)

@@ -11,6 +11,7 @@ import pytest
 
 from gym_concurrency import SharedLimit
 from tests.shared.helpers import Limits, leases, settle, wait_for
+from tests.shared.redis_server import RedisServer
 
 
 async def test_held_weight_across_processes_never_passes_the_limit(limits: Limits) -> None:
@@ -157,3 +158,31 @@ async def test_the_local_fallback_counts_weight_too(key: str) -> None:
 
 
 UNREACHABLE = "redis://127.0.0.1:1/0"  # nothing listens there
+
+
+async def test_a_weighted_waiter_that_leaves_as_it_is_admitted_gives_back_its_own_ask(
+    limits: Limits, redis_server: RedisServer
+) -> None:
+    """A task that leaves at the moment its wait for weight 3 in a flow is admitted (its
+    client disconnected, or a timeout cancelled it in the same loop step) gives back what it
+    was handed: never the slot of another task of the process, never an error."""
+    client = redis_server.client()
+    limit = limits(5)
+    other = limit.enqueue()  # another task's slot: weight 1, the default flow
+    assert await other == "admitted"
+    limit.settle(other)
+    await settle(limit)
+    (others,) = leases(client, limit)
+    heavy = limit.enqueue(3, "env-a")
+    assert await heavy == "admitted"
+    limit.leave(heavy)  # what wait_in_queue does when its task is cancelled now
+    await settle(limit)
+    assert (limit.active, limit.admission_cancelled) == (1, 1)
+    assert leases(client, limit) == {others}
+    alone = limit.enqueue(2, "env-b")
+    assert await alone == "admitted"
+    limit.release()
+    limit.leave(alone)  # with nothing else held: no "released with no slot held"
+    await settle(limit)
+    assert (limit.active, limit.global_active) == (0, 0)
+    assert leases(client, limit) == set()

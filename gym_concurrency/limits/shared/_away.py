@@ -54,10 +54,11 @@ class AwayMixin:
         if isinstance(admitted, asyncio.Future):
             waiter.fallback = admitted
             return
-        self._waiters.end(waiter)
         if admitted == "shed":  # the local queue is full too
+            self._waiters.end(waiter)
             self._shed += 1
         else:
+            self._waiters.admitted(waiter)
             self._hold_fallback(waiter)
         waiter.future.set_result(admitted)
 
@@ -79,7 +80,7 @@ class AwayMixin:
         if not self._sync.refusing():  # Redis is back: it, not the fallback, admits now
             self._to_redis(waiter)
             return
-        self._waiters.end(waiter)
+        self._waiters.admitted(waiter)
         self._hold_fallback(waiter)
         waiter.future.set_result("admitted")
 

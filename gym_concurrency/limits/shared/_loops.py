@@ -98,9 +98,12 @@ class Heartbeat:
 
     def _run(self, stopped: threading.Event) -> None:
         store = self._store
-        while not store.blocking_started:  # (a cluster's client asks a node at once)
+        # A client of this thread's own: the thread of an earlier event loop may still be in
+        # a call on its client, and closes that one as it ends.
+        client = None
+        while client is None:  # (a cluster's client asks a node at once)
             try:
-                store.start_blocking()
+                client = store.start_blocking()
             except Exception as error:  # the admissions report an unusable URL too
                 store.failed("heartbeat", error)
                 self._first.set()
@@ -126,7 +129,7 @@ class Heartbeat:
                 due = min(last_full + self._period, self._sync.recheck_due(last, recheck))
                 pause = min(_TICK_SECONDS, due - time.monotonic())
             stopped.wait(max(0.0, pause))
-        store.close_blocking()
+        store.close_blocking(client)
 
 
 async def mailbox(
@@ -142,11 +145,11 @@ async def mailbox(
     here with a blocking pop and handed to `granted(lease)`. `broken()` when a pop fails
     (Redis restarted or away: the heartbeat should renew at once)."""
     backoff = 0.05
+    task = asyncio.current_task()
     while not closed():
         try:
             lease = await store.next_grant(box)
         except Exception as error:  # Redis away or restarted: renew now; try again soon
-            task = asyncio.current_task()
             if task is not None and task.cancelling():  # a cancel the client made an error
                 raise asyncio.CancelledError from error  # (asyncio.run's shutdown waits on it)
             _log.debug("gym_concurrency: %s: mailbox: %r", describe, error)
@@ -157,3 +160,8 @@ async def mailbox(
         backoff = 0.05
         if lease is not None:
             granted(lease)
+        if task is not None and task.cancelling():
+            # A cancel the client swallowed (redis-py 8 can, on a pop in flight): each pop
+            # ends within a re-check, so the loop would pop on and asyncio.run's shutdown,
+            # which waits for it, would never end.
+            raise asyncio.CancelledError

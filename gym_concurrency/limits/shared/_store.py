@@ -189,10 +189,13 @@ class RedisStore:
         self._scripts = _register(self._client)
         self._lane = ScriptLane(self._client, self._scripts, self.keys)
 
-    def start_blocking(self) -> None:
-        """Make the heartbeat thread's own blocking client and its scripts."""
-        self._blocking = self._connection.blocking()
-        self._blocking_scripts = _register(self._blocking)
+    def start_blocking(self) -> Any:
+        """Make a heartbeat thread's own blocking client and its scripts, used from now on;
+        the client (the thread closes it as it ends)."""
+        client = self._connection.blocking()
+        self._blocking_scripts = _register(client)
+        self._blocking = client
+        return client
 
     # --- the scripts -----------------------------------------------------------------
 
@@ -358,11 +361,13 @@ class RedisStore:
                 await client.aclose()
         self._client = self._mailbox_client = None
 
-    def close_blocking(self) -> None:
-        """Close the heartbeat thread's client (from that thread, as it ends)."""
+    def close_blocking(self, client: Any) -> None:
+        """Close `client`, a heartbeat thread's own (from that thread, as it ends); forgotten
+        unless a newer thread (a new event loop's) made one since."""
         with contextlib.suppress(Exception):
-            self._blocking.close()
-        self._blocking = None
+            client.close()
+        if self._blocking is client:
+            self._blocking = None
 
 
 def _check_server(keys: dict[str, str], lease_ms: int) -> list[Any]:

@@ -17,7 +17,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Final
 
 from ._held import HeldLeases
@@ -250,7 +250,7 @@ class RedisSync(SizeSync):
         self._held.hold_fallback(lease)
 
     def _admit(self, waiter: Waiter, lease: str) -> None:
-        self._waiters.end(waiter)
+        self._waiters.admitted(waiter)
         self._held[lease] = waiter.sent_at  # (its deadline was set then, or renewed since)
         waiter.future.set_result("admitted")
 
@@ -330,6 +330,7 @@ class RedisSync(SizeSync):
             sent = time.monotonic()
             if full:
                 self._store.state_missing = False  # (this renewal restores the state)
+                self.renew_soon = False  # (set again meanwhile: another full renewal at once)
             # Leases a lease past their last confirmation were lost even if this renewal
             # works: the process (or this thread) was stopped meanwhile, Redis ran on.
             self._find_lost(sent)
@@ -343,16 +344,19 @@ class RedisSync(SizeSync):
                 return
             except BaseException:
                 self._post_deferred(self._settle(None))
+                self.renew_soon = full or self.renew_soon
                 raise
-            deferred = self._settle(drops, sent)
+            # The fallback's slots it named are leases in Redis now: a release from here on
+            # removes them there (settled with the removals it held up, under one lock).
+            deferred = self._settle(drops, sent, registered=held)
             back = 0
             if full:
                 self.renewed_at = sent
                 # Ids to drop that came after this renewal's snapshot (a call that failed
                 # meanwhile, and may have run in Redis): another renewal at once drops them.
-                self.renew_soon = self._undropped(drops)
+                if self._undropped(drops):
+                    self.renew_soon = True
                 with self.lock:
-                    self.unregistered.difference_update(held)
                     back, self.lost = len(self.lost), set()
             self._post(self._renewed, reply, deferred, fresh, back, was_refusing)
             if full and self._store.pending is not None and not self.connecting:
@@ -372,11 +376,15 @@ class RedisSync(SizeSync):
                 if ident not in self._held:
                     self.dropping.setdefault(ident, math.inf)
 
-    def _settle(self, drops: list[str] | None, sent: float = math.inf) -> list[str]:
-        """The renewal ended (`drops` were dropped by a renewal sent at `sent`, if it
-        worked): the removals it held up. A drop is kept for a lease after the first."""
+    def _settle(
+        self, drops: list[str] | None, sent: float = math.inf, registered: Iterable[str] = ()
+    ) -> list[str]:
+        """The renewal ended (`drops` were dropped and `registered` renewed by a renewal sent
+        at `sent`, if it worked): the removals it held up. A drop is kept for a lease after
+        the first."""
         with self.lock:
             self._inflight = set()
+            self.unregistered.difference_update(registered)
             deferred, self._deferred = self._deferred, []
             for ident in drops or ():
                 until = self.dropping.get(ident)

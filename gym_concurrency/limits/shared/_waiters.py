@@ -1,5 +1,6 @@
 """This process's waiters of one shared limit: found by their future (the caller's handle)
-and, while they queue in Redis, by their id (how Redis names them in grants)."""
+and, while they queue in Redis, by their id (how Redis names them in grants); once admitted,
+what each asked for until its task resumes."""
 
 from __future__ import annotations
 
@@ -45,11 +46,13 @@ class Waiters:
     """The waiters of this process in arrival order, each with its timeout timer; `weight`
     is what they ask for together."""
 
-    __slots__ = ("_by_future", "_by_id", "weight")
+    __slots__ = ("_by_future", "_by_id", "_handed", "weight")
 
     def __init__(self) -> None:
         self._by_future: dict[asyncio.Future[Admission], Waiter] = {}
         self._by_id: dict[str, Waiter] = {}  # queued (or queueing) in Redis
+        # Admitted, their task not resumed yet: what each asked for (weight, flow).
+        self._handed: dict[asyncio.Future[Admission], tuple[int, str | None]] = {}
         self.weight = 0
 
     def __len__(self) -> int:
@@ -80,6 +83,16 @@ class Waiters:
         if waiter.timer is not None:
             waiter.timer.cancel()
             waiter.timer = None
+
+    def admitted(self, waiter: Waiter) -> None:
+        """`waiter` was handed its slot: it waits no more, and what it asked for is kept until
+        its task resumes (`settled()`): a task that leaves at that moment gives that back."""
+        self.end(waiter)
+        self._handed[waiter.future] = (waiter.weight, waiter.flow)
+
+    def settled(self, future: asyncio.Future[Admission]) -> tuple[int, str | None] | None:
+        """The task awaiting `future` resumed: what it was handed (None if not admitted)."""
+        return self._handed.pop(future, None)
 
     def forget_id(self, waiter: Waiter) -> None:
         """`waiter` no longer queues in Redis (it waits for the fallback, or is refused)."""
@@ -127,4 +140,5 @@ class Waiters:
     def clear(self) -> None:
         self._by_future.clear()
         self._by_id.clear()
+        self._handed.clear()
         self.weight = 0

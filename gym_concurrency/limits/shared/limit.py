@@ -306,6 +306,17 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, LimitBase):
         self._abandon(entry)
         return True
 
+    def settle(self, waiter: asyncio.Future[Admission]) -> None:
+        """The task awaiting `waiter` resumed: what it was handed is its own to release."""
+        self._waiters.settled(waiter)
+
+    def _give_back(self, waiter: asyncio.Future[Admission]) -> None:
+        """Release what was handed to `waiter` (its weight, in its flow), whose task left
+        before it resumed."""
+        ask = self._waiters.settled(waiter)
+        if ask is not None:
+            self.release(*ask)
+
     def _check_ask(self, weight: int, flow: Hashable, *, limit: bool = True) -> str | None:
         return check_ask(self._describe(), weight, flow, self._store.limit if limit else None)
 
