@@ -45,7 +45,8 @@ async def test_a_fallback_slot_released_as_its_renewal_ends_leaves_nothing_in_re
     settled = sync._settle
 
     def settle_then_hold(drops: Any, *args: Any, **kwargs: Any) -> list[str]:
-        registers = drops is not None and fallen in sync.unregistered
+        # (a renewal that worked and named the slot: the full one that registers it)
+        registers = drops is not None and fallen in sync._inflight and fallen in sync.unregistered
         deferred = settled(drops, *args, **kwargs)
         if registers:  # the renewal that made it a lease worked: the loop acts now
             in_gap.set()
