@@ -567,6 +567,28 @@ async def test_a_client_error_that_is_no_redis_error_fails_the_call_and_strands_
     limit.release()
 
 
+async def test_a_client_error_of_the_heartbeat_counts_as_redis_away(limits: Limits) -> None:
+    """The heartbeat thread's own call failing with an error that is no Redis error (as
+    redis-py's can on a reset connection) counts as Redis away, as any failed renewal does:
+    nothing is admitted until a renewal works again, and the heartbeat goes on."""
+    limit = limits(2, lease_seconds=30.0, redis_timeout=0.5)  # (its own beats 10 s apart)
+    assert await limit.enqueue() == "admitted"
+    await settle(limit)
+    scripts = limit._store._blocking_scripts
+    renewal = scripts["sync"]
+
+    def broken_once(*args: object, **kwargs: object) -> object:
+        scripts["sync"] = renewal
+        raise AttributeError("'NoneType' object has no attribute '_add_writer'")
+
+    scripts["sync"] = broken_once
+    await limit._sync.sync()
+    assert not limit.connected
+    assert await limit.enqueue() == "unavailable"
+    await wait_for(lambda: limit.connected, 5.0, "a renewal that works")
+    limit.release()
+
+
 async def test_a_registration_cancelled_in_flight_ends_its_waiters(
     on_own: Limits, own_redis: RedisServer
 ) -> None:

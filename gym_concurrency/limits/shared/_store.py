@@ -268,15 +268,17 @@ class RedisStore:
         except self.failures:
             raise
         except Exception as error:
-            # The client's own error on a connection the peer reset (redis-py's writelines on
-            # a transport whose connection was lost: AttributeError, python/cpython#136234)
-            # is a call that failed like any other, never an escape that strands waiters.
-            raise ConnectionError(f"the Redis client failed: {error!r}") from error
+            raise _client_failed(error) from error
         self._answered(raw)
         return raw
 
     def _call_blocking(self, script: str, args: list[Any]) -> list[Any]:
-        raw: list[Any] = self._blocking_scripts[script](keys=self.keys, args=self._args(args))
+        try:
+            raw: list[Any] = self._blocking_scripts[script](keys=self.keys, args=self._args(args))
+        except self.failures:
+            raise
+        except Exception as error:
+            raise _client_failed(error) from error
         self._answered(raw)
         return raw
 
@@ -368,6 +370,14 @@ class RedisStore:
             client.close()
         if self._blocking is client:
             self._blocking = None
+
+
+def _client_failed(error: Exception) -> ConnectionError:
+    """The failure a client's own error of a script call counts as. redis-py writing to a
+    connection the peer reset can raise AttributeError (its `writelines` on a transport whose
+    connection was lost, python/cpython#136234): a call that failed like any other, never an
+    escape that strands waiters or skips the heartbeat's account of lost leases."""
+    return ConnectionError(f"the Redis client failed: {error!r}")
 
 
 def _check_server(keys: dict[str, str], lease_ms: int) -> list[Any]:
