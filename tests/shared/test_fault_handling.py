@@ -309,6 +309,19 @@ async def test_a_size_conflict_found_after_the_start_ends_with_a_resize(
     late.release()
 
 
+def _program_says(program: str, *args: str, within: float = 60) -> str:
+    """What `program` (a Python program of its own, given `args`) prints; it must exit 0."""
+    done = subprocess.run(
+        [sys.executable, "-c", program, *args],
+        capture_output=True,
+        text=True,
+        timeout=within,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 NEW_LOOP_PROGRAM = """
 import asyncio, sys, threading
 from gym_concurrency import SharedLimit
@@ -344,15 +357,8 @@ def test_a_new_event_loop_ends_the_heartbeat_of_the_old_one(
     own_redis: RedisServer, key: str
 ) -> None:
     # A program of its own: two asyncio.run() calls, the limit started again on the second.
-    done = subprocess.run(
-        [sys.executable, "-c", NEW_LOOP_PROGRAM, own_redis.url, key],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "1"  # the first loop's heartbeat thread ended
+    # the first loop's heartbeat thread ended:
+    assert _program_says(NEW_LOOP_PROGRAM, own_redis.url, key) == "1"
 
 
 UNCLOSED_PROGRAM = """
@@ -374,15 +380,7 @@ print("exited")
 def test_asyncio_run_ends_with_a_limit_never_closed(own_redis: RedisServer, key: str) -> None:
     """A program whose limit is never closed still ends: asyncio.run cancels the mailbox's
     pop in flight, which redis-py 8 can swallow (the mailbox popped on, forever)."""
-    done = subprocess.run(
-        [sys.executable, "-c", UNCLOSED_PROGRAM, own_redis.url, key],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "exited"
+    assert _program_says(UNCLOSED_PROGRAM, own_redis.url, key) == "exited"
 
 
 STUCK_OLD_HEARTBEAT_PROGRAM = """
@@ -427,16 +425,11 @@ def test_a_new_event_loop_renews_though_the_old_heartbeat_ends_later(
     the old thread ends and closes its client. A held slot stays held, never expires."""
     assert own_redis.process is not None
     pid = str(own_redis.process.pid)
-    done = subprocess.run(
-        [sys.executable, "-c", STUCK_OLD_HEARTBEAT_PROGRAM, own_redis.url, key, pid],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
-    own_redis.resume()  # (if the program failed before it did)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "timeout"
+    try:
+        said = _program_says(STUCK_OLD_HEARTBEAT_PROGRAM, own_redis.url, key, pid, within=90)
+    finally:
+        own_redis.resume()  # (if the program failed before it did)
+    assert said == "timeout"
 
 
 async def _just_after_a_heartbeat(client: redis.Redis, limit: SharedLimit) -> str:

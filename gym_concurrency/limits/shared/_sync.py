@@ -344,7 +344,8 @@ class RedisSync(SizeSync):
                 return
             except BaseException:
                 self._post_deferred(self._settle(None))
-                self.renew_soon = full or self.renew_soon
+                if full:  # (its ask was cleared as it began: another at once)
+                    self.renew_soon = True
                 raise
             # The fallback's slots it named are leases in Redis now: a release from here on
             # removes them there (settled with the removals it held up, under one lock).
