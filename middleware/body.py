@@ -11,26 +11,27 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from starlette.types import Message, Receive
 
 __all__ = ["QueuedBodies", "QueuedRequest", "QueuedWebsocket"]
 
 
-def _cancel_if_running(pending: asyncio.Future[Message]) -> None:
+def _cancel_if_running(pending: asyncio.Future[Any]) -> None:
     if not pending.done():
         pending.cancel()
 
 
-def _start(read: Awaitable[Message]) -> asyncio.Future[Message]:
-    """A task for a read; where Python has eager tasks (3.12), run at once up to its first
-    wait, so a message the server already has costs no loop pass."""
-    if _EAGER and asyncio.iscoroutine(read):
-        loop = asyncio.get_running_loop()
+def _start(reads: Coroutine[Any, Any, Message | None]) -> asyncio.Task[Message | None]:
+    """The reader task; where Python has eager tasks (3.12), run at once up to its first wait,
+    so a message the server already has costs no loop pass."""
+    loop = asyncio.get_running_loop()
+    if _EAGER:
         # eager_start is new in 3.12; mypy checks against 3.11's signature.
-        return asyncio.Task(read, loop=loop, eager_start=True)  # type: ignore[call-arg,unused-ignore]
-    return asyncio.ensure_future(read)
+        return asyncio.Task(reads, loop=loop, eager_start=True)  # type: ignore[call-arg,unused-ignore]
+    return loop.create_task(reads)
 
 
 _EAGER = sys.version_info >= (3, 12)
@@ -48,15 +49,14 @@ class QueuedBodies:
 
 
 class _Queued:
-    """A connection's reads while it waits: at most one in flight, each started from the last
-    one's callback (no watcher task), handed on to the app, never cancelled while anyone may
-    still want its message."""
+    """A connection's reads while it waits: one reader task at most, one read in flight in it,
+    its message handed on to the app, never cancelled while anyone may still want it."""
 
-    __slots__ = ("_on_stop", "_pending", "_receive", "disconnected", "failure")
+    __slots__ = ("_on_stop", "_reader", "_receive", "disconnected", "failure")
 
     def __init__(self, receive: Receive) -> None:
         self._receive = receive
-        self._pending: asyncio.Future[Message] | None = None
+        self._reader: asyncio.Future[Message | None] | None = None
         self._on_stop: Callable[[], object] | None = None
         self.disconnected = False
         self.failure: BaseException | None = None  # a read that raised
@@ -70,10 +70,11 @@ class _Queued:
         """Read the client until `stop_watching()`; call `on_stop` if it disconnects or a read
         fails first."""
         self._on_stop = on_stop
-        self._read_next()
+        if self._may_read():
+            self._reader = _start(self._read_while_watching())
 
     def stop_watching(self) -> None:
-        """Start no more reads; one in flight stays, and its message is kept for the app."""
+        """Keep no more of what is read; a read in flight stays, its message for the app."""
         self._on_stop = None
 
     async def receive(self) -> Message:
@@ -81,58 +82,49 @@ class _Queued:
         message = self._replay()
         if message is not None:
             return message
-        pending = self._pending
-        if pending is None:
+        reader = self._reader
+        if reader is None:
             return await self._receive()
-        self._pending = None  # its message is this call's now, not the buffer's
+        self._reader = None  # its message is this call's now
         try:
-            return await asyncio.shield(pending)  # cancelling the app's receive keeps the read
+            message = await asyncio.shield(reader)  # cancelling the app's receive keeps the read
         except asyncio.CancelledError:
-            if not pending.done() and self._pending is None:
-                self._pending = pending  # the next receive() gets its message
+            if not reader.done() and self._reader is None:
+                self._reader = reader  # the next receive() gets its message
             raise
+        if message is None:  # it kept all it read (or failed): buffered, or the server's next
+            message = self._replay()
+        return message if message is not None else await self._receive()
 
     def close(self) -> None:
         """Drop a read nobody can take any more (the app returned, or the request ended)."""
         self._on_stop = None
-        pending, self._pending = self._pending, None
-        if pending is not None and not pending.done():
-            pending.remove_done_callback(self._on_read)
+        reader, self._reader = self._reader, None
+        if reader is not None and not reader.done():
             # Most servers end it themselves as the response completes (uvicorn answers it
             # with http.disconnect in the next loop pass); cancel it only if still running then.
-            asyncio.get_running_loop().call_soon(_cancel_if_running, pending)
+            asyncio.get_running_loop().call_soon(_cancel_if_running, reader)
 
-    def _read_next(self) -> None:
-        """Start reads while reading may go on: each one that ends at once is kept at once."""
-        while self._may_read():
-            pending = _start(self._receive())
-            if not pending.done():
-                self._pending = pending
-                pending.add_done_callback(self._on_read)
-                return
-            if not self._kept(pending):
-                return
-
-    def _on_read(self, pending: asyncio.Future[Message]) -> None:
-        if pending is not self._pending:
-            return  # handed to the app (or a refusal), or closed
-        self._pending = None
-        if self._kept(pending):
-            self._read_next()
-
-    def _kept(self, pending: asyncio.Future[Message]) -> bool:
-        """Keep a finished read's message (or failure); True if reading goes on."""
-        try:
-            message = pending.result()
-        except BaseException as error:  # kept, and raised to the app
-            self.failure = error
-            self._stop()
-            return False
-        self._keep(message)
-        if self.disconnected:
-            self._stop()
-            return False
-        return self._on_stop is not None
+    async def _read_while_watching(self) -> Message | None:
+        """Read and keep while watching, up to a disconnect, a failure or a bound; a read that
+        ends after `stop_watching()` is returned instead, for the app."""
+        while True:
+            try:
+                message = await self._receive()
+            except BaseException as error:  # kept, and raised to the app (or the wait)
+                self.failure = error
+                self._stop()
+                if isinstance(error, Exception):
+                    return None
+                raise  # a cancel (closed, or the loop ending) ends this task as it would any
+            if self._on_stop is None:
+                return message
+            self._keep(message)
+            if self.disconnected:
+                self._stop()
+                return None
+            if not self._may_read():
+                return None
 
     def _stop(self) -> None:
         on_stop, self._on_stop = self._on_stop, None
@@ -187,9 +179,13 @@ class QueuedRequest(_Queued):
         try:
             async with asyncio.timeout(seconds):
                 while not self.complete and not self.disconnected:
-                    pending, self._pending = self._pending, None
-                    if pending is not None:
-                        self._keep(await pending)
+                    reader, self._reader = self._reader, None
+                    if reader is not None:
+                        message = await reader
+                        if self.failure is not None:
+                            raise self.failure
+                        if message is not None:
+                            self._keep(message)
                     elif self._may_read():
                         self._keep(await self._receive())
                     else:

@@ -1,8 +1,8 @@
 """A request or websocket that found no free slot: wait in the limit's queue while reading the
 client, then run the app holding the slot, or answer with the route's failure profile.
 
-While it waits it costs a queue entry and at most one read of the client in flight: no task
-group and no watcher, the request's task awaits its place in the queue alone. A client that
+While it waits it costs a queue entry and one reader task with at most one read of the client
+in flight (no task group): the request's task awaits its place in the queue alone. A client that
 disconnects leaves the queue at once; a read in flight at admission (or refusal) is never
 cancelled while its message may still be wanted: the app's next receive() gets it.
 """
