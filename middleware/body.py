@@ -89,8 +89,9 @@ class _Queued:
         try:
             message = await asyncio.shield(reader)  # cancelling the app's receive keeps the read
         except asyncio.CancelledError:
-            if not reader.done() and self._reader is None:
-                self._reader = reader  # the next receive() gets its message
+            # The next receive() gets its message, also one that ended in this same pass.
+            if self._reader is None and not reader.cancelled():
+                self._reader = reader
             raise
         if message is None:  # it kept all it read (or failed): buffered, or the server's next
             message = self._replay()
