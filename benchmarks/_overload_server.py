@@ -4,6 +4,9 @@ serving benchmarks/overload_app.py's app in one configuration, on 127.0.0.1 only
     python -m benchmarks._overload_server --config q0-problem --port 8123 \
         [--sdk] [--source /tmp/before] [--info info.json]
 
+GYM_BENCH_GC_THRESHOLD (e.g. "10000,50,100") sets the cyclic collector's thresholds before
+the server starts, to see how much of a configuration's cost is the collector's.
+
 overload.py starts it under `taskset -c 0`. `--source` loads gym_concurrency from another
 source tree; `--info` writes where every gym_concurrency module came from and the versions.
 """
@@ -11,7 +14,9 @@ source tree; `--info` writes where every gym_concurrency module came from and th
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import resource
 import sys
 from pathlib import Path
@@ -49,6 +54,9 @@ def main() -> None:
         provider = make_sdk_provider()
         metrics.set_meter_provider(provider)
     app = make_app(config, meter_provider=provider)
+    gc_threshold = os.environ.get("GYM_BENCH_GC_THRESHOLD")
+    if gc_threshold:
+        gc.set_threshold(*(int(n) for n in gc_threshold.split(",")))
     if args.info:
         info = {
             "config": config.name,
@@ -59,6 +67,7 @@ def main() -> None:
             "uvloop": uvloop.__version__,
             "httptools": httptools.__version__,
             "close_setting": close_setting(),
+            "gc_threshold": gc.get_threshold(),
             "gym_concurrency_files": loaded_files(root),
         }
         Path(args.info).write_text(json.dumps(info, indent=1))

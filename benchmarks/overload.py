@@ -693,7 +693,8 @@ def main() -> None:
                 "max_other",
                 "retries",
             )
-        },
+        }
+        | {"gc_threshold_env": os.environ.get("GYM_BENCH_GC_THRESHOLD")},
         "pinning": {
             "server_cpu": SERVER_CPU,
             "client_cpu": CLIENT_CPU,
