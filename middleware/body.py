@@ -112,12 +112,13 @@ class _Queued:
         while True:
             try:
                 message = await self._receive()
-            except BaseException as error:  # kept, and raised to the app (or the wait)
+            except Exception as error:  # kept, and raised to the app (or the wait)
                 self.failure = error
                 self._stop()
-                if isinstance(error, Exception):
-                    return None
-                raise  # a cancel (closed, or the loop ending) ends this task as it would any
+                return None
+            except BaseException:  # a cancel (closed, or the loop ending): not the client's
+                self._stop()  # (kept, its traceback would hold this object in a cycle)
+                raise
             if self._on_stop is None:
                 return message
             self._keep(message)

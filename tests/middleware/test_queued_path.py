@@ -9,6 +9,7 @@ import gc
 import json
 import time
 import tracemalloc
+import weakref
 from typing import Any
 
 import pytest
@@ -267,3 +268,29 @@ async def test_refusals_close_the_connection_unless_told_not_to(
     assert refused.status == 503
     assert refused.headers().get(b"connection") == header
     semaphore.release()
+
+
+async def test_a_queued_request_is_freed_without_the_cycle_collector(component: str):
+    # The read left watching for a disconnect is cancelled once the response is out (a
+    # server that never answers it); nothing of the request may then be kept in a reference
+    # cycle that only the collector frees: the connection goes as its last reference does.
+    app, gate = make_app(settings_for(component, queue_timeout_seconds=10))
+    gate.open = True
+    await built(app)
+    semaphore = limits_of(component)["episodes"]
+    gc.disable()
+    try:
+        assert semaphore.try_acquire()
+        queued = Connection(http_scope())
+        request_body(queued, b'{"n": 1}')
+        served = asyncio.create_task(app(queued.scope, queued.receive, queued.send))
+        await loop_steps(5)
+        semaphore.release()
+        await served
+        await loop_steps(3)
+        assert queued.status == 200
+        gone = weakref.ref(queued)
+        del queued, served
+        assert gone() is None
+    finally:
+        gc.enable()
