@@ -1,7 +1,7 @@
 """CPU the middleware adds to a request that waits in the queue, over one admitted at once, with
 nothing else in the way: a bare ASGI app behind ConcurrencyLimitMiddleware (limit 64, queue for
 everyone), a receive that behaves as uvicorn's does (the body at once, then a read that parks
-until the response is complete), under uvloop.
+until the response is complete), under uvloop (the standard loop without the bench extra).
 
     .venvs/3.11/bin/python -m benchmarks.queued_bare [--baseline /tmp/before] [--rounds 8]
         [--queued 960] [--json benchmarks/results/queued-bare-LABEL.json]
@@ -164,18 +164,22 @@ async def measure(n: int, repeats: int) -> dict[str, float]:
 
 def worker(source: str, n: int, repeats: int) -> None:
     use_source_tree(source)
-    import uvloop
+    try:
+        import uvloop
+    except ImportError:  # without the bench extra: the standard loop, and the JSON says so
+        figures, loop = asyncio.run(measure(n, repeats)), "asyncio"
+    else:
+        figures, loop = uvloop.run(measure(n, repeats)), "uvloop"
+    print(json.dumps({"loop": loop, **figures}))
 
-    print(json.dumps(uvloop.run(measure(n, repeats))))
 
-
-def run_round(source: Path, n: int, repeats: int, python: str) -> dict[str, float]:
+def run_round(source: Path, n: int, repeats: int, python: str) -> dict[str, Any]:
     command = [python, "-m", "benchmarks.queued_bare", "--worker", str(source)]
     command += ["--queued", str(n), "--repeats", str(repeats)]
-    output = subprocess.run(
-        command, cwd=PROJECT_ROOT, capture_output=True, text=True, check=True, timeout=600
-    ).stdout
-    return dict(json.loads(output.splitlines()[-1]))
+    done = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"the worker for {source} failed:\n{done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout.splitlines()[-1]))
 
 
 def main() -> None:
@@ -198,9 +202,12 @@ def main() -> None:
     if args.baseline:
         trees["baseline"] = Path(args.baseline).resolve()
     rounds: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    loops = set()
     for _ in range(args.rounds):
         for name, tree in trees.items():
-            rounds[name].append(run_round(tree, args.queued, args.repeats, args.python))
+            figures = run_round(tree, args.queued, args.repeats, args.python)
+            loops.add(figures.pop("loop"))
+            rounds[name].append(figures)
     summary = summarize(rounds)
     for line in report(summary, args.queued):
         print(line)
@@ -210,6 +217,7 @@ def main() -> None:
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "python": python_version(args.python),
             "queued": args.queued,
+            "loop": sorted(loops),
             "trees": {name: describe_tree(tree) for name, tree in trees.items()},
             "summary": summary,
             "rounds": rounds,
