@@ -161,6 +161,8 @@ def backoff_delay(
 ) -> float:
     """Full jitter before retry number `retry` (1 for the first retry):
     uniform(0, min(backoff_max_seconds, backoff_seconds * 2**(retry-1)))."""
-    exponent = min(retry - 1, 64)  # past 2**64 the cap has long been reached
-    ceiling = min(policy.backoff_max_seconds, policy.backoff_seconds * 2.0**exponent)
-    return uniform(0.0, ceiling)
+    try:  # exact for any base, however small (a clamped exponent was not)
+        grown = math.ldexp(policy.backoff_seconds, retry - 1)
+    except OverflowError:  # past the largest float: the cap has long been reached
+        grown = math.inf
+    return uniform(0.0, min(policy.backoff_max_seconds, grown))

@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gym_concurrency.clients import RetryBudget, RetryPolicy
@@ -135,6 +135,8 @@ def test_the_delay_is_never_shorter_than_the_servers_word(seconds: int, millisec
     cap=st.floats(min_value=0, max_value=100, allow_nan=False),
     draw=st.floats(min_value=0, max_value=1),
 )
+# A base so small that 2**87 times it is still under the cap (an exponent clamped at 64 was not)
+@example(retry=88, base=1.1754943508222875e-38, cap=1.0, draw=1.0)
 def test_full_jitter_stays_between_zero_and_the_capped_exponential(
     retry: int, base: float, cap: float, draw: float
 ):
