@@ -33,23 +33,11 @@ if __package__ in (None, ""):  # run as a script: make the project root importab
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._source import PROJECT_ROOT, describe_tree, use_source_tree
+from benchmarks.queued_inprocess import scope_for
 
 LIMIT = 64
 BODY = b'{"episode_id":"e1","task":{"task_id":"t1","prompt":"The answer is 42"}}'
-SCOPE: dict[str, Any] = {
-    "type": "http",
-    "asgi": {"version": "3.0"},
-    "http_version": "1.1",
-    "method": "POST",
-    "scheme": "http",
-    "path": "/run",
-    "raw_path": b"/run",
-    "root_path": "",
-    "query_string": b"",
-    "headers": [(b"content-type", b"application/json")],
-    "server": ("bench", 80),
-    "client": ("127.0.0.1", 1),
-}
+SCOPE = scope_for(BODY)  # the overload app's request, as queued_inprocess.py sends it
 
 
 class Cycle:
