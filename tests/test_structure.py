@@ -3,13 +3,17 @@ over the core and the middleware alike (ruff and mypy themselves run in scripts/
 
 from __future__ import annotations
 
+import subprocess
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = sorted([*(ROOT / "gym_concurrency").rglob("*.py"), *(ROOT / "middleware").rglob("*.py")])
 MAX_LINES = 450
 MAX_TYPE_IGNORES = 3
+MAX_BENCHMARK_RESULTS_KIB = 150
 
 
 def test_every_library_file_is_small():
@@ -36,3 +40,17 @@ def test_mypy_is_strict_over_the_core_and_the_middleware():
     assert mypy["strict"] is True
     assert set(mypy["files"]) == {"gym_concurrency", "middleware"}
     assert not any(o.get("strict") is False for o in mypy.get("overrides", []))
+
+
+def test_benchmark_summaries_in_git_stay_small():
+    """Raw runs stay out of git and superseded summaries leave it (benchmarks/README.md)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "benchmarks/results"], cwd=ROOT, capture_output=True, text=True
+    )
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    files = [ROOT / name for name in listed.stdout.split()]
+    assert all(path.name.endswith(".summary.json") for path in files), files
+    # Counted as `du` does (4 KiB blocks), which is what a checkout costs.
+    kib = sum(-(-path.stat().st_size // 4096) * 4 for path in files if path.exists())
+    assert kib <= MAX_BENCHMARK_RESULTS_KIB, f"{kib} KiB of benchmark summaries in git"
