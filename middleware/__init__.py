@@ -7,9 +7,10 @@ configured limits on the calls the server makes (`limited_client`), and a live s
 every limit (`ConcurrencyStatusView`).
 """
 
-from .admission import ConcurrencyLimitMiddleware, concurrency_middleware, reload_settings
-from .clients import LimitedClient, limited_client
+from .admission import ConcurrencyLimitMiddleware
+from .clients import LimitedClient
 from .dependencies import OperationHandle, operation_limit
+from .running import concurrency_middleware, limited_client, reload_settings
 from .settings import (
     AdaptiveLimit,
     ClientLimit,

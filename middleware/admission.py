@@ -33,8 +33,6 @@ __all__ = [
     "STATE_ATTRIBUTE",
     "ConcurrencyConfigError",
     "ConcurrencyLimitMiddleware",
-    "concurrency_middleware",
-    "reload_settings",
 ]
 
 _log = logging.getLogger("gym_concurrency.middleware")
@@ -427,21 +425,3 @@ def _deadline_at(scope: Scope, seconds: float | None) -> float | None:
     at = asyncio.get_running_loop().time() + seconds
     scope.setdefault("state", {})[DEADLINE_STATE_KEY] = at
     return at
-
-
-def concurrency_middleware(app: Any) -> ConcurrencyLimitMiddleware:
-    """The ConcurrencyLimitMiddleware limiting `app` (a Starlette / FastAPI app), once it has
-    started (lifespan startup, or the first request without lifespan)."""
-    middleware = getattr(getattr(app, "state", None), STATE_ATTRIBUTE, None)
-    if not isinstance(middleware, ConcurrencyLimitMiddleware):
-        raise LookupError(
-            "no running ConcurrencyLimitMiddleware on this app: add it with "
-            "app.add_middleware(ConcurrencyLimitMiddleware, ...); it is found once the app "
-            "has started (lifespan startup, or its first request)"
-        )
-    return middleware
-
-
-def reload_settings(app: Any, settings: ConcurrencySettings) -> list[str]:
-    """Apply `settings` to the ConcurrencyLimitMiddleware of `app` (see its `reload`)."""
-    return concurrency_middleware(app).reload(settings)

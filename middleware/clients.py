@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from gym_concurrency.clients import LimitedMiddleware, LimitedTransport
     from gym_concurrency.clients.calls import LimitedCalls
 
-__all__ = ["LimitedClient", "limited_client"]
+__all__ = ["LimitedClient"]
 
 
 class LimitedClient:
@@ -111,11 +111,3 @@ class LimitedClient:
 
     def __repr__(self) -> str:
         return f"<LimitedClient {self.limit_name!r} limit={self.limit!r} retry={self.retry!r}>"
-
-
-def limited_client(app: Any, limit_name: str) -> LimitedClient:
-    """The configured client limit `limit_name` of `app`'s ConcurrencyLimitMiddleware (once the
-    app has started: in its lifespan, or in a route); KeyError naming the configured ones."""
-    from .admission import concurrency_middleware
-
-    return concurrency_middleware(app).limits.client(limit_name)
