@@ -163,6 +163,7 @@ def path_without(tmp_path: Path, missing: str) -> str:
         "chromium",
         "redis-server",
         "openssl",
+        "curl",
     ):
         found = shutil.which(tool)
         if tool != missing and found is not None:
