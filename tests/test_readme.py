@@ -1,4 +1,5 @@
-"""The README's middleware example runs as printed."""
+"""The README's middleware example runs as printed; its set-up steps can be followed as written
+(issue 33)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 import httpx
 from gym_concurrency.middleware import concurrency_middleware
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 # The README's main middleware example (the order examples after it add it too).
 MIDDLEWARE_EXAMPLE = "app.add_middleware(ConcurrencyLimitMiddleware, settings=settings)"
 
@@ -53,3 +55,40 @@ async def test_the_order_examples_answer_401_at_once_while_the_limit_is_full() -
                     limit.release()
             assert refused.status_code == 401
             assert (limit.queue_depth, limit.admission_timeouts) == (0, 0)
+
+
+def set_up() -> str:
+    """The README's "Set up" section."""
+    text = README.read_text()
+    start = text.index("## Set up")
+    return text[start : text.index("\n## ", start)]
+
+
+def commands(block: str) -> list[str]:
+    return [line.partition("#")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_the_demo_and_the_tests_are_two_steps() -> None:
+    # The demo stays in the foreground: a command after it in its block would never run.
+    runs = [commands(block) for block in re.findall(r"```bash\n(.*?)```", set_up(), re.S)]
+    assert ["./scripts/demo"] in runs
+    assert ["./scripts/test"] in runs
+    for run in runs:
+        assert "./scripts/demo" not in run[:-1], run
+
+
+def test_the_readme_and_scripts_test_say_the_same_duration() -> None:
+    said = " ".join(set_up().split())
+    figures = r"about (\d+-\d+) minutes on 2 cores on Python 3\.11 or 3\.12, and about (\d+-\d+)"
+    found = re.search(figures + r" on 3\.13", said)
+    assert found, said
+    older, newest = found.groups()
+    script = (ROOT / "scripts" / "test").read_text()
+    assert f"about {older} minutes on 2 cores ({newest} on 3.13" in script
+    assert f"about {newest} minutes on 2 cores" in script
+    demo = " ".join((ROOT / "docs" / "demo.md").read_text().split())
+    assert f"about {older} minutes on 2 cores, {newest} on Python 3.13" in demo
+
+
+def test_the_quickstart_is_linked_before_the_set_up() -> None:
+    assert "](docs/quickstart.md)" in README.read_text().partition("## Set up")[0]

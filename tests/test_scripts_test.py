@@ -75,8 +75,8 @@ def test_the_whole_suite_says_first_how_long_it_takes(tmp_path: Path):
     assert done.returncode == 0, done.stdout + done.stderr
     first = done.stdout.splitlines()[0]
     version = "{}.{}".format(*sys.version_info[:2])
-    assert first.startswith(f"test: the whole suite on Python {version}: about 11 minutes")
-    assert "(25 on 3.13" in first
+    minutes = "25-30" if sys.version_info >= (3, 13) else "15-20"  # as the README says
+    assert first.startswith(f"test: the whole suite on Python {version}: about {minutes} minutes")
 
 
 def test_a_first_run_says_each_step_and_keeps_pip_s_output_back(tmp_path: Path):
@@ -163,6 +163,7 @@ def path_without(tmp_path: Path, missing: str) -> str:
         "chromium",
         "redis-server",
         "openssl",
+        "curl",
     ):
         found = shutil.which(tool)
         if tool != missing and found is not None:

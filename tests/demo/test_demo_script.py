@@ -1,11 +1,14 @@
 """./scripts/demo, the README's "start the demo" command: it starts the fake model and the demo,
-serves an episode, and leaves nothing running when it is stopped.
+serves an episode, and leaves nothing running when it is stopped: by Ctrl-C, by `kill <the pid
+it prints>`, and by the README's commands for a demo in the background (issue 33).
 
 It runs with DEMO_SKIP_INSTALL=1 on a venv whose python refuses pip: the test reuses the venv it
 runs from, and must never reinstall the project into it."""
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -96,3 +99,76 @@ def test_the_demo_script_serves_an_episode_and_cleans_up(tmp_path: Path, stop_si
     assert refused(f"{model}/health")
     output = (tmp_path / "demo-script.log").read_text()
     assert f"status:   http://127.0.0.1:{demo_port}/concurrency" in output
+    assert f"Ctrl-C (or kill {script.pid}) stops the demo and the fake model." in output
+
+
+def readme_background_commands() -> tuple[str, str]:
+    """The README's two commands that start the demo in the background and stop it."""
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    [block] = [block for block in blocks if "./scripts/demo &" in block]
+    start, stop = block.strip().splitlines()
+    return start, stop
+
+
+def processes_in(environment: str) -> dict[int, str]:
+    """Running processes whose environment has `environment` (NAME=value): pid -> command."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and environment.encode() in (
+                (entry / "environ").read_bytes().split(b"\0")
+            ):
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return {pid: command.decode(errors="replace") for pid, command in found.items()}
+
+
+@pytest.mark.parametrize("job_control", [True, False], ids=["terminal", "no-job-control"])
+def test_the_readme_s_background_demo_stops_with_its_kill(tmp_path: Path, job_control: bool):
+    start, stop = readme_background_commands()
+    assert start.partition("#")[0].strip() == "./scripts/demo &"
+    demo_port, model_port = free_port(), free_port()
+    venv = venv_refusing_pip(tmp_path / "venv")  # in the environment of all it starts
+    env = clean_env(
+        PYTHON=sys.executable,
+        VENV=str(venv),
+        DEMO_SKIP_INSTALL="1",
+        DEMO_PORT=str(demo_port),
+        FAKE_MODEL_PORT=str(model_port),
+    )
+    # The README's lines as typed in a terminal (job control on, as in an interactive shell),
+    # the stop sent once the demo serves.
+    shell = ("set -m\n" if job_control else "") + f"{start}\nread -r _\n{stop}\nwait\n"
+    log_path = tmp_path / "shell.log"
+    with log_path.open("wb") as log:
+        bash = subprocess.Popen(
+            ["bash", "-c", shell],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    demo = f"http://127.0.0.1:{demo_port}"
+    started = f"VENV={venv}"
+    try:
+        wait_for(lambda: not refused(f"{demo}/concurrency"), 60, "the demo to start")
+        response = httpx.post(f"{demo}/run", json=EPISODE, timeout=10)
+        assert response.json()["result"]["reward"] == 1.0
+        assert bash.stdin is not None
+        bash.stdin.write(b"\n")
+        bash.stdin.close()
+        assert bash.wait(timeout=30) == 0, log_path.read_text()
+        wait_for(lambda: not processes_in(started), 10, "the demo and its fake model to stop")
+    finally:
+        if bash.poll() is None:
+            bash.kill()
+            bash.wait()
+        left = processes_in(started)
+        for pid in left:  # what the stop did not stop (started by this test: its VENV)
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"still running: {left}\n{log_path.read_text()}"
+    assert refused(f"{demo}/concurrency")
+    assert refused(f"http://127.0.0.1:{model_port}/health")
