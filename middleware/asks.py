@@ -6,7 +6,9 @@ client's address); a missing value is the default flow (None). Weights: an int, 
 path>` (a number in the body) or `openai_tokens` (gym_concurrency.tokens); a missing or bad
 value is weight 1 (for `openai_tokens`, the default output alone). A weight over the limit is
 capped at it and counted: no request can ask for more than the limit could ever give.
-Flow values are client-controlled: cut to `MAX_FLOW_CHARACTERS`, so memory stays bounded.
+Flow values are client-controlled: cut to `MAX_FLOW_CHARACTERS`, so memory stays bounded. A
+flow from a credential header or a `hash:<source>` is never kept raw: its keyed hash (or its
+label) is the flow (middleware/credential_flows.py), read whole, before any cut.
 A deadline is `header:<name>`: milliseconds remaining, ASCII digits with an optional fraction
 (as Envoy's x-envoy-expected-rq-timeout-ms); anything else is no deadline.
 """
@@ -26,6 +28,7 @@ from starlette.types import Scope
 from gym_concurrency.limits import Limit
 from gym_concurrency.tokens import openai_tokens
 
+from .credential_flows import CredentialFlows
 from .routing import routed_path
 from .settings import RouteLimit
 
@@ -58,10 +61,10 @@ class RouteAsk:
         "reads_body",
     )
 
-    def __init__(self, config: RouteLimit, limit: Limit) -> None:
+    def __init__(self, config: RouteLimit, limit: Limit, credentials: CredentialFlows) -> None:
         self._name = config.limit_name
         self._limit = limit
-        self._flow_of = _flow_reader(config)
+        self._flow_of = _flow_reader(config, credentials)
         self._weight_of = _weight_reader(config)
         # A body too long to read ahead is priced by its length (openai_tokens only).
         self._unread_output = (
@@ -70,7 +73,8 @@ class RouteAsk:
         # An adaptive limit may shrink under a waiter: cap at its floor, which it never goes
         # below, so a capped request always fits once the limit is idle.
         self._floor = None if config.adaptive is None else config.adaptive.min_concurrent
-        self.reads_body = _reads_body(config.flow) or _reads_body(config.weight)
+        flow = None if config.flow is None else config.flow.removeprefix("hash:")
+        self.reads_body = _reads_body(flow) or _reads_body(config.weight)
         self.capped = 0  # requests whose weight was more than the limit
         deadline = config.deadline
         self._deadline_header = None if deadline is None else deadline[7:].lower().encode()
@@ -107,12 +111,12 @@ class RouteAsk:
         return weight, self._flow_of(scope, parsed)
 
 
-def route_ask(config: RouteLimit, limit: Limit) -> RouteAsk | None:
+def route_ask(config: RouteLimit, limit: Limit, credentials: CredentialFlows) -> RouteAsk | None:
     """The route's ask, or None when every request asks for weight 1 in the default flow,
     with no deadline."""
     if config.flow is None and config.weight == 1 and config.deadline is None:
         return None
-    return RouteAsk(config, limit)
+    return RouteAsk(config, limit, credentials)
 
 
 def _reads_body(source: object) -> bool:
@@ -128,23 +132,32 @@ def _parse(body: bytes | None) -> Body:
         return _MISSING
 
 
-def _flow_reader(config: RouteLimit) -> FlowOf:
+def _flow_reader(config: RouteLimit, credentials: CredentialFlows) -> FlowOf:
     source = config.flow
     if source is None:
         return lambda scope, body: None
+    read = _value_reader(config, source.removeprefix("hash:"))
+    if credentials.hashes(source):
+        hasher = credentials.hasher()
+        return lambda scope, body: _hashed(read(scope, body), hasher)
+    return lambda scope, body: _flow(read(scope, body))
+
+
+def _value_reader(config: RouteLimit, source: str) -> Callable[[Scope, Body], object]:
+    """What `source` reads off a request, as it is (None when it is missing)."""
     if source == "client":
-        return lambda scope, body: _flow((scope.get("client") or (None,))[0])
+        return lambda scope, body: (scope.get("client") or (None,))[0]
     kind, _, name = source.partition(":")
     if kind == "header":
         key = name.lower().encode("latin-1")
-        return lambda scope, body: _flow(_header(scope, key))
+        return lambda scope, body: _header(scope, key)
     if kind == "query":
-        return lambda scope, body: _flow(_query(scope, name))
+        return lambda scope, body: _query(scope, name)
     if kind == "path":
         regex = compile_path(config.path)[0]
-        return lambda scope, body: _flow(_path_param(scope, regex, name))
+        return lambda scope, body: _path_param(scope, regex, name)
     keys = name.split(".")
-    return lambda scope, body: _flow(_dotted(body, keys))
+    return lambda scope, body: _dotted(body, keys)
 
 
 def _weight_reader(config: RouteLimit) -> WeightOf:
@@ -163,13 +176,29 @@ def _weight_reader(config: RouteLimit) -> WeightOf:
 def _flow(value: object) -> Hashable:
     """A flow from a value read off the request: text (cut to MAX_FLOW_CHARACTERS, NUL
     replaced, as a global limit needs), else the default flow."""
+    text = _text(value)
+    return None if text is None else text[:MAX_FLOW_CHARACTERS].replace("\0", "\ufffd")
+
+
+def _hashed(value: object, hasher: Callable[[str | bytes], str]) -> Hashable:
+    """The keyed hash (or label) of a value read off the request, whole; else the default
+    flow. A header is hashed as its bytes, any other text as UTF-8."""
+    if isinstance(value, bytes):
+        return hasher(value) if value else None
+    text = _text(value)
+    return None if text is None else hasher(text)
+
+
+def _text(value: object) -> str | None:
+    """A value read off the request as text (a header's bytes as latin-1, a number written
+    out); None if missing, empty or anything else."""
     if isinstance(value, bytes):
         value = value.decode("latin-1")
     elif isinstance(value, int | float) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str) or not value:
         return None
-    return value[:MAX_FLOW_CHARACTERS].replace("\0", "\ufffd")
+    return value
 
 
 def _count(value: object) -> int:

@@ -11,7 +11,6 @@ queue bound, its scope or the metric attributes, is refused first), then carried
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,10 +27,12 @@ from gym_concurrency.attributes import limit_attributes
 from gym_concurrency.limits import Limit
 from gym_concurrency.limits.adaptive import AdaptiveLimiter, DrainRate
 from gym_concurrency.names import ADMISSION_OUTCOME_ATTRIBUTE, ADMISSION_OUTCOMES
+from gym_concurrency.safe_urls import safe_url
 
 from .adaptive_route import RouteFeedback, controller_for
 from .asks import RouteAsk, route_ask
 from .clients import LimitedClient
+from .credential_flows import CredentialFlows
 from .failures import RouteFailures
 from .settings import ClientLimit, ConcurrencySettings, OperationLimit, RouteLimit
 
@@ -181,6 +182,7 @@ class ConcurrencyLimits:
             if previous.shared():
                 _check_shared_settings(previous.settings, settings)
         self._previous = previous
+        self._credentials = CredentialFlows(settings)
         self._route_plans: dict[str, LimitPlan] = {}
         self.routes = [self._limited_route(i, config) for i, config in enumerate(settings.routes)]
         self.operations: dict[str, LimitedOperation] = {}
@@ -280,7 +282,7 @@ class ConcurrencyLimits:
             close_connection=self.settings.close_connection_on_refusal,
             retry_after=retry_after,
         )
-        ask = route_ask(config, plan.limit)
+        ask = route_ask(config, plan.limit, self._credentials)
         return LimitedRoute(config, plan.limit, by_outcome, failures, feedback, ask)
 
     def _route_plan(self, index: int, config: RouteLimit) -> LimitPlan:
@@ -383,9 +385,9 @@ def _check_same_attributes(old: ConcurrencySettings, new: ConcurrencySettings) -
 
 
 def _shown(field: str, value: object) -> str:
-    """`value` for a log line: a Redis URL without its password."""
+    """`value` for a log line: a Redis URL without its passwords and tokens."""
     if field == "redis_url" and isinstance(value, str):
-        return repr(re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", value))
+        return repr(safe_url(value))
     return repr(value)
 
 

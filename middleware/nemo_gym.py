@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from gym_concurrency import LimitUnavailableError, QueueFullError
 from gym_concurrency.clients import RetryPolicy
 from gym_concurrency.limits import Refusal
+from gym_concurrency.safe_urls import safe_url
 
 from .failures import EPISODE_FAILURE_REFUSALS, OPENAI_CODES, PROBLEM_TYPES
 
@@ -161,7 +162,7 @@ def _http_status_error(error: BaseException) -> tuple[int, bytes | None, str] | 
         body = getattr(error, "response_content", None)
         info = error.request_info
         url = getattr(info, "real_url", None) or getattr(info, "url", "")
-        return error.status, body if isinstance(body, bytes) else None, str(url)
+        return error.status, body if isinstance(body, bytes) else None, safe_url(str(url))
     httpx = sys.modules.get("httpx")
     if httpx is not None and isinstance(error, httpx.HTTPStatusError):
         response = error.response
@@ -169,7 +170,7 @@ def _http_status_error(error: BaseException) -> tuple[int, bytes | None, str] | 
             content: bytes | None = response.content
         except httpx.ResponseNotRead:  # a streamed response: its body is unknown
             content = None
-        return response.status_code, content, str(error.request.url)
+        return response.status_code, content, safe_url(str(error.request.url))
     return None
 
 

@@ -1,8 +1,9 @@
 """docs/flows.md as printed: every Python block runs, its YAML block is a valid settings file,
-its environment block configures the route it describes."""
+its environment block configures the route it describes, its command prints a credential's id."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from gym_concurrency.middleware import ConcurrencySettings, RouteLimit
+
+from gym_concurrency.hashed_flows import hashed_flow
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "flows.md"
 
@@ -19,10 +22,10 @@ def blocks(language: str) -> list[str]:
 
 
 def test_the_doc_has_the_blocks_these_tests_run() -> None:
-    assert (len(blocks("python")), len(blocks("yaml")), len(blocks("bash"))) == (4, 1, 1)
+    assert (len(blocks("python")), len(blocks("yaml")), len(blocks("bash"))) == (5, 1, 2)
 
 
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", range(5))
 def test_every_python_block_runs(index: int) -> None:
     block = blocks("python")[index]
     run = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=60)
@@ -54,3 +57,19 @@ def test_the_environment_block_configures_the_same_route(monkeypatch: pytest.Mon
         weight="openai_tokens",
         flow="header:x-gym-environment",
     )
+
+
+def test_the_command_block_prints_the_id_of_a_credential() -> None:
+    key, token = "0f1e2d3c4b5a69788796a5b4c3d2e1f0", "sk-team-a-token"
+    python_dir = str(Path(sys.executable).parent)  # `python` as the block calls it
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GYM_CONCURRENCY_")},
+        "PATH": python_dir + os.pathsep + os.environ.get("PATH", ""),
+        "FLOW_KEY": key,
+        "TEAM_A_TOKEN": token,
+    }
+    run = subprocess.run(
+        ["bash", "-c", blocks("bash")[1]], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == hashed_flow(f"Bearer {token}", key.encode()) + "\n"

@@ -22,6 +22,7 @@ except ImportError as error:  # absent, or older than client middlewares (3.12)
 
 from ..limits import Limit
 from ..limits.adaptive import AdaptiveController
+from ..safe_urls import safe_url
 from .adaptive import AdaptiveConfig
 from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
 from .retry import RetryPolicy, RetryReason
@@ -155,7 +156,8 @@ class _AiohttpExchange:
     ) -> DeadlineExceeded:
         req = request.request
         return DeadlineExceeded(
-            f"{req.method} {req.url}: no {part} within the call's deadline of {seconds:g} s"
+            f"{req.method} {safe_url(str(req.url))}: no {part} within the call's deadline of "
+            f"{seconds:g} s"
         )
 
 

@@ -23,6 +23,7 @@ except ImportError as error:
 
 from ..limits import Limit
 from ..limits.adaptive import AdaptiveController
+from ..safe_urls import safe_url
 from .adaptive import AdaptiveConfig
 from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
 from .leaks import guard_slot
@@ -148,8 +149,8 @@ class _HttpxExchange:
         self, request: httpx.Request, seconds: float, part: str = "response"
     ) -> DeadlineExceeded:
         return DeadlineTimeout(
-            f"{request.method} {request.url}: no {part} within the call's deadline of "
-            f"{seconds:g} s",
+            f"{request.method} {safe_url(str(request.url))}: no {part} within the call's "
+            f"deadline of {seconds:g} s",
             request=request,
         )
 

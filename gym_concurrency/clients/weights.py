@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import tokens
 from ..limits import Limit
+from ..safe_urls import safe_url
 from . import bodies
 
 __all__ = ["CallAsk", "RequestFlow", "RequestWeight"]
@@ -123,4 +124,4 @@ def _checked_flow(
 def _returned(what: str, function: Callable[[Any], object], request: Any, value: object) -> str:
     name = getattr(function, "__qualname__", None) or repr(function)
     method, url = getattr(request, "method", "?"), getattr(request, "url", "?")
-    return f"the {what} function {name} returned {value!r} for {method} {url}"
+    return f"the {what} function {name} returned {value!r} for {method} {safe_url(str(url))}"

@@ -15,14 +15,18 @@ __all__ = ["DeadlineSource", "FlowSource", "WeightSource", "check_ask"]
 
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110)
 _DOTTED = re.compile(r"^[^.\s]+(\.[^.\s]+)*$")
-_FLOW_KINDS = "'header:<name>', 'query:<name>', 'path:<param>', 'json:<dotted.path>' or 'client'"
+_FLOW_KINDS = (
+    "'header:<name>', 'query:<name>', 'path:<param>', 'json:<dotted.path>' or 'client', "
+    "each optionally after 'hash:'"
+)
 _WEIGHTS = "an int >= 1, 'json:<dotted.path>' or 'openai_tokens'"
 
 
 def _check_flow(value: str) -> str:
-    if value == "client":
+    source = value.removeprefix("hash:")  # kept as its keyed hash (docs/flows.md)
+    if source == "client":
         return value
-    kind, colon, name = value.partition(":")
+    kind, colon, name = source.partition(":")
     if not colon or kind not in ("header", "query", "path", "json") or not name:
         raise ValueError(f"must be {_FLOW_KINDS}, got {value!r}")
     if kind == "header" and not _TOKEN.match(name):
@@ -73,9 +77,10 @@ WeightSource = Annotated[
 
 def check_ask(path: str, flow: str | None, weight: int | str, limit: int) -> None:
     """ValueError if the route's flow and weight do not fit its path and limit."""
-    if flow is not None and flow.startswith("path:"):
+    source = None if flow is None else flow.removeprefix("hash:")
+    if source is not None and source.startswith("path:"):
         params = compile_path(path)[2]
-        if flow[5:] not in params:
+        if source[5:] not in params:
             names = ", ".join(sorted(params)) or "none"
             raise ValueError(f"flow {flow!r}: {path!r} has no such parameter (it has: {names})")
     if isinstance(weight, int) and weight > limit:

@@ -27,6 +27,13 @@ from gym_concurrency.names import EXECUTORS, OPERATIONS, check_member
 from gym_concurrency.tokens import DEFAULT_OUTPUT_TOKENS
 
 from .asks import DeadlineSource, FlowSource, WeightSource, check_ask
+from .credentials import (
+    CredentialHeaders,
+    FlowKey,
+    FlowLabels,
+    check_flow_labels,
+    without_input,
+)
 from .environment import READ_ENVIRONMENT, EnvironmentSource, environment_values
 from .files import load_mapping
 from .names import (
@@ -297,6 +304,12 @@ class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
     drain_timeout_seconds: _Seconds = 30.0
     # Per-flow series each limit exports (its busiest flows; the rest as flow "other").
     flow_series_per_limit: int = Field(default=5, ge=0)
+    # Flows read from credentials are HMACs under flow_key, a secret every replica shares
+    # (None: a key made per process); credential_headers adds to the built-in ones, and
+    # flow_labels names hashed flows ({"h:<16 hex>": "team-a"}). docs/flows.md.
+    flow_key: FlowKey = None
+    credential_headers: CredentialHeaders = ()
+    flow_labels: FlowLabels = Field(default_factory=dict)
     # Limits with scope="global" live in this Redis (or Valkey): redis://host:port/db.
     redis_url: str | None = None
     # Redis unreachable: "refuse" answers with the failure profile (reason unavailable);
@@ -318,11 +331,17 @@ class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
 
     @model_validator(mode="after")
     def _limits_are_consistent(self) -> Self:
-        check_shared_route_limits(self.routes)
-        check_no_overlapping_routes(self.routes)
-        check_operation_names(self.operations, self.routes)
-        check_client_names(self.clients, self.operations, self.routes)
-        _check_global_limits(self)
+        try:
+            check_shared_route_limits(self.routes)
+            check_no_overlapping_routes(self.routes)
+            check_operation_names(self.operations, self.routes)
+            check_client_names(self.clients, self.operations, self.routes)
+            _check_global_limits(self)
+            check_flow_labels(self.flow_labels, self.flow_key)
+        except ValueError as error:
+            if self.flow_key is None:
+                raise
+            raise without_input(error) from None  # pydantic would show flow_key with it
         return self
 
     @classmethod

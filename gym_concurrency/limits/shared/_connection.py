@@ -1,4 +1,4 @@
-"""Reaching one shared limit's Redis: the URL (checked, and shown without its password),
+"""Reaching one shared limit's Redis: the URL (checked, and shown without its passwords),
 the clients made from it (a pool for admissions, one connection for the mailbox, a blocking
 client for the heartbeat thread), and telling a misconfiguration from an outage.
 
@@ -14,7 +14,9 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 from typing import Any, Final
-from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from gym_concurrency.safe_urls import safe_url
 
 __all__ = ["SCHEMES", "Connection", "misconfiguration", "safe_url", "sentinel_parts"]
 
@@ -22,16 +24,6 @@ SCHEMES: Final = ("redis://", "rediss://", "unix://", "redis+sentinel://", "redi
 _SENTINEL: Final = "redis+sentinel://"
 _STATE_MISSING: Final = 2  # what CHECK_SERVER answers for a limit with no state
 _CLUSTER: Final = "redis+cluster://"
-
-
-def safe_url(url: str) -> str:
-    """`url` with its password (if any) replaced by `***`: fit for a log or an error."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rsplit("@", 1)[1]
-    return SplitResult(parts.scheme, f"{user}:***@{host}", *parts[2:]).geturl()
 
 
 def misconfiguration(error: BaseException) -> str | None:
