@@ -1,7 +1,6 @@
 """MeteredSemaphore's waiters with a deadline of their own: how late each may be admitted,
-refused at once when that cannot be met, refused when it passes ("deadline", counted as a
-timeout) (the state is the
-semaphore's own; deadlines.py keeps the timers and the rate)."""
+refused at once when that cannot be met, refused when it passes (both end "deadline", counted
+as a timeout); the state is the semaphore's own, deadlines.py keeps the timers and the rate."""
 
 from __future__ import annotations
 
