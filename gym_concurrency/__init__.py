@@ -8,6 +8,7 @@ that connects).
 """
 
 from .limits import (
+    DeadlineExceededError,
     Limit,
     LimitConfigurationError,
     LimitStatistics,
@@ -88,6 +89,7 @@ __all__ = [
     "RETRY_REASONS",
     "RETRY_REASON_ATTRIBUTE",
     "SERVER_ATTRIBUTE",
+    "DeadlineExceededError",
     "Limit",
     "LimitConfigurationError",
     "LimitStatistics",

@@ -43,7 +43,8 @@ OTHER_FLOWS: Final = "other"
 FLOW_LABEL_MAX_CHARS: Final = 64
 DEFAULT_FLOW_SERIES_PER_LIMIT: Final = 5
 
-ADMISSION_OUTCOMES: Final = frozenset({"admitted", "timeout", "cancelled", "shed"})
+# "deadline": refused for the request's own deadline (passed, or it cannot be met).
+ADMISSION_OUTCOMES: Final = frozenset({"admitted", "timeout", "deadline", "cancelled", "shed"})
 
 # Bounded work inside a resources server: verifiers, judges, tools.
 QUEUE_DURATION_INSTRUMENT: Final = "gym.resources.operation.queue_duration_ms"

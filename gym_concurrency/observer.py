@@ -147,9 +147,10 @@ _INSTRUMENTS = (
         names.ADMISSION_TIMEOUTS_INSTRUMENT,
         monotonic=True,
         read=lambda s: s.admission_timeouts,
-        only_if=lambda limit: limit.timeout is not None,
+        # Without a timeout, a waiter's own deadline may still refuse: shown once one has.
+        only_if=lambda limit: limit.timeout is not None or limit.admission_timeouts > 0,
         unit=names.REQUEST_UNIT,
-        description="Waits for a slot that gave up at the limit's timeout.",
+        description="Waits for a slot that gave up at the limit's timeout or their deadline.",
     ),
     _Instrument(
         names.ADMISSION_CANCELLED_INSTRUMENT,

@@ -79,6 +79,7 @@ class LimitedClient:
             meter_provider=self.meter_provider,
             weight=weight,
             flow=flow,
+            deadline_header=self.config.deadline_header,
         )
         self._calls.add(made.calls)
         return made
@@ -97,17 +98,19 @@ class LimitedClient:
             meter_provider=self.meter_provider,
             weight=weight,
             flow=flow,
+            deadline_header=self.config.deadline_header,
         )
         self._calls.add(made.calls)
         return made
 
     def reconfigure(self, config: ClientLimit) -> None:
         """Take new settings of this limit (a reload): later calls of every transport and
-        middleware made from it are retried by the new policy."""
+        middleware made from it are retried by the new policy and send the new deadline header."""
         self.config = config
         self.retry = config.retry.policy() if config.retry else None
         for calls in list(self._calls):
             calls.set_retry(self.retry)
+            calls.deadline_header = config.deadline_header
 
     def __repr__(self) -> str:
         return f"<LimitedClient {self.limit_name!r} limit={self.limit!r} retry={self.retry!r}>"

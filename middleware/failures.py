@@ -3,6 +3,8 @@
 `problem` (RFC 9457 problem details) and `openai` (the OpenAI error shape) answer 503 with
 `Retry-After`; `episode` answers 200 with NeMo Gym's BaseEpisodeResponse carrying a
 non-terminal admission failure, so a rollout collector records it instead of retrying.
+Each reason (`Refusal`) has its own body; a deadline refusal also its own Retry-After rule
+(`retry_after_seconds`).
 
 Every response is encoded once per route (`RouteFailures`): a refusal only copies the headers
 and sends; an episode refusal splices the request's ids, copied verbatim, into its body.
@@ -25,21 +27,25 @@ __all__ = ["RouteFailures", "episode_ids", "retry_after_seconds", "send_misconfi
 
 PROBLEM_TYPES: dict[Refusal, str] = {
     "timeout": "urn:gym-concurrency:admission-timeout",
+    "deadline": "urn:gym-concurrency:deadline-exceeded",
     "shed": "urn:gym-concurrency:queue-full",
     "unavailable": "urn:gym-concurrency:limit-unavailable",
 }
 PROBLEM_TITLES: dict[Refusal, str] = {
     "timeout": "Admission timed out",
+    "deadline": "Admission deadline exceeded",
     "shed": "Admission queue full",
     "unavailable": "Admission unavailable",
 }
 OPENAI_CODES: dict[Refusal, str] = {
     "timeout": "admission_timeout",
+    "deadline": "deadline_exceeded",
     "shed": "queue_full",
     "unavailable": "limit_unavailable",
 }
 EPISODE_FAILURE_REFUSALS: dict[Refusal, str] = {
     "timeout": "Episode admission timed out",
+    "deadline": "Episode admission deadline exceeded",
     "shed": "Episode admission queue full",
     "unavailable": "Episode admission unavailable",
 }
@@ -56,7 +62,9 @@ class RouteFailures:
 
     __slots__ = (
         "_bodies",
+        "_deadline_retry_after",
         "_draining",
+        "_handover_wait",
         "_headers",
         "_retry_after",
         "_with_ms",
@@ -70,23 +78,37 @@ class RouteFailures:
         *,
         close_connection: bool = False,
         retry_after: Callable[[], int] | None = None,
+        handover_wait: Callable[[], float | None] | None = None,
     ) -> None:
         self.episode = route.failure == "episode"
         self.status = 200 if self.episode else 503
         self._bodies = {reason: _encoded_body(route, reason) for reason in REFUSALS}
         self._draining = _encoded_body(route, "unavailable", draining=True)
-        content_type = _PROBLEM_JSON if route.failure == "problem" else _JSON
-        headers = [(b"content-type", content_type)]
         # `retry_after` (Retry-After auto): computed for each refusal, from the drain rate.
         self._retry_after = None if self.episode else retry_after
+        # A deadline refusal where no Retry-After is configured: the seconds the limit's
+        # measured hand-over rate takes to clear its queue, when measured (`handover_wait`).
+        if self.episode or retry_after is not None or route.retry_after_seconds is not None:
+            handover_wait = None
+        self._handover_wait = handover_wait
         # The openai profile also says it in milliseconds, as OpenAI's API does (its client
         # reads `retry-after-ms` first).
         self._with_ms = route.failure == "openai"
-        if not self.episode and retry_after is None:
-            headers += self._retry_after_headers(retry_after_seconds(route))
-        if close_connection:  # a client that retries at once pays a reconnect
-            headers.append((b"connection", b"close"))
-        self._headers = headers
+        self._deadline_retry_after = self._retry_after_headers(
+            retry_after_seconds(route, "deadline")
+        )
+        content_type = _PROBLEM_JSON if route.failure == "problem" else _JSON
+        self._headers: dict[Refusal, list[tuple[bytes, bytes]]] = {}
+        for reason in REFUSALS:
+            headers = [(b"content-type", content_type)]
+            computed = retry_after is not None or (
+                reason == "deadline" and handover_wait is not None
+            )
+            if not self.episode and not computed:
+                headers += self._retry_after_headers(retry_after_seconds(route, reason))
+            if close_connection:  # a client that retries at once pays a reconnect
+                headers.append((b"connection", b"close"))
+            self._headers[reason] = headers
 
     def body(
         self, reason: Refusal, request_body: bytes | None = None, *, draining: bool = False
@@ -110,11 +132,20 @@ class RouteFailures:
         """Send the whole response for `reason` over ASGI `send`."""
         body = self.body(reason, request_body, draining=draining)
         # A fresh headers list each time: outer middlewares may append to it in place.
-        headers = [*self._headers, (b"content-length", b"%d" % len(body))]
+        headers = [*self._headers[reason], (b"content-length", b"%d" % len(body))]
         if self._retry_after is not None:
             headers += self._retry_after_headers(self._retry_after())
+        elif reason == "deadline" and self._handover_wait is not None:
+            headers += self._handover_retry_after(self._handover_wait())
         await send({"type": "http.response.start", "status": self.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+    def _handover_retry_after(self, seconds: float | None) -> list[tuple[bytes, bytes]]:
+        """A deadline refusal's Retry-After: `seconds` rounded and clamped to 1..60, or the
+        route's fixed rule before the hand-over rate is measured (None)."""
+        if seconds is None:
+            return self._deadline_retry_after
+        return self._retry_after_headers(min(60, max(1, round(seconds))))
 
     def _retry_after_headers(self, seconds: int) -> list[tuple[bytes, bytes]]:
         headers = [(b"retry-after", b"%d" % seconds)]
@@ -145,12 +176,13 @@ async def send_misconfigured(scope: Scope, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def retry_after_seconds(route: RouteLimit) -> int:
+def retry_after_seconds(route: RouteLimit, reason: Refusal = "timeout") -> int:
     """`retry_after_seconds`, else the queue timeout rounded up to whole seconds, else 1 (also
-    for "auto" where no drain rate is measured)."""
+    for "auto" where no drain rate is measured). A deadline refusal says nothing of when the
+    queue frees: never the queue timeout."""
     if isinstance(route.retry_after_seconds, int):
         return route.retry_after_seconds
-    if route.queue_timeout_seconds is not None:
+    if route.queue_timeout_seconds is not None and reason != "deadline":
         return max(1, math.ceil(route.queue_timeout_seconds))
     return 1
 
@@ -176,6 +208,11 @@ def _detail(route: RouteLimit, reason: Refusal, draining: bool) -> str:
         seconds = route.queue_timeout_seconds
         within = "its queue timeout" if seconds is None else f"{seconds:g} s"
         return f"No slot of limit {limit} became free within {within}."
+    if reason == "deadline":
+        return (
+            f"The request's deadline passed, or could not be met, before a slot of limit "
+            f"{limit} became free."
+        )
     if reason == "shed":
         return f"Limit {limit} already has {route.max_queue} requests queued."
     return f"The shared limit {limit} could not be reached."

@@ -281,6 +281,10 @@ class ConcurrencyLimits:
             config,
             close_connection=self.settings.close_connection_on_refusal,
             retry_after=retry_after,
+            # A process limit measures its hand-over rate for waiters with deadlines.
+            handover_wait=plan.limit.handover_wait
+            if isinstance(plan.limit, MeteredSemaphore)
+            else None,
         )
         ask = route_ask(config, plan.limit, self._credentials)
         return LimitedRoute(config, plan.limit, by_outcome, failures, feedback, ask)

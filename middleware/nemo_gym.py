@@ -8,10 +8,11 @@ non-terminal `HandledEpisodeError`, so the rollout collector records a failure r
             reply.raise_for_status()
 
 A refusal is what a gym-concurrency limit answers or raises when it does not admit: an inner
-hop's 503 `problem` / `openai` failure response (admission timeout, full queue, shared limit
-unavailable), an inner environment server's `episode` admission failure, a local limit's
-TimeoutError / QueueFullError / LimitUnavailableError, or an outbound call whose retries ran
-out on a 429 / 502 / 503 / 504. Anything else passes through unchanged.
+hop's 503 `problem` / `openai` failure response (admission timeout, deadline exceeded, full
+queue, shared limit unavailable), an inner environment server's `episode` admission failure, a
+local limit's TimeoutError (DeadlineExceededError) / QueueFullError / LimitUnavailableError,
+or an outbound call whose retries ran out on a 429 / 502 / 503 / 504. Anything else passes
+through unchanged.
 
 NeMo Gym is imported only when a refusal is turned into its error, and aiohttp / httpx are never
 imported here: this module imports without any of them.
@@ -26,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from gym_concurrency import LimitUnavailableError, QueueFullError
+from gym_concurrency import DeadlineExceededError, LimitUnavailableError, QueueFullError
 from gym_concurrency.clients import RetryPolicy
 from gym_concurrency.limits import Refusal
 from gym_concurrency.safe_urls import safe_url
@@ -53,11 +54,17 @@ EpisodeStage = Literal["admission", "seed", "agent", "verification", "cleanup"]
 # the hop was overloaded past what the retries (or their budget) could wait out.
 REFUSAL_STATUSES = frozenset(RetryPolicy().statuses)
 RefusalKind = Literal[
-    "admission_timeout", "queue_full", "limit_unavailable", "timeout", "overloaded"
+    "admission_timeout",
+    "deadline_exceeded",
+    "queue_full",
+    "limit_unavailable",
+    "timeout",
+    "overloaded",
 ]
 
 _KINDS: dict[Refusal, RefusalKind] = {
     "timeout": "admission_timeout",
+    "deadline": "deadline_exceeded",
     "shed": "queue_full",
     "unavailable": "limit_unavailable",
 }
@@ -97,6 +104,8 @@ def refusal_of(error: BaseException) -> RefusalMet | None:
         return RefusalMet("queue_full", str(error) or "the limit's queue is full")
     if isinstance(error, LimitUnavailableError):
         return RefusalMet("limit_unavailable", str(error) or "the shared limit cannot be reached")
+    if isinstance(error, DeadlineExceededError):  # a limit's wait ended by the deadline
+        return RefusalMet("deadline_exceeded", str(error))
     if isinstance(error, TimeoutError):  # a limit's admission timeout (also aiohttp's timeouts)
         return RefusalMet("timeout", str(error) or type(error).__name__)
     answered = _http_status_error(error)

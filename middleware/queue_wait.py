@@ -1,5 +1,6 @@
 """The queue-wait histogram: how long each admission attempt on a limited route waited, by
-outcome (admitted, timeout, cancelled, shed), so failed waits are seen and not only counted."""
+outcome (admitted, timeout, deadline, cancelled, shed), so failed waits are seen and not only
+counted."""
 
 from __future__ import annotations
 

@@ -29,7 +29,11 @@ Ask = tuple[int, Hashable]  # (weight, flow)
 DEFAULT_ASK: Ask = (1, None)
 
 _TRY_AGAIN_LATER = 1013  # websocket close code
-_WEBSOCKET_REASONS = {"timeout": "admission timed out", "shed": "admission queue full"}
+_WEBSOCKET_REASONS = {
+    "timeout": "admission timed out",
+    "deadline": "admission deadline exceeded",
+    "shed": "admission queue full",
+}
 
 
 class QueuedAdmission:

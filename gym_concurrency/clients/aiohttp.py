@@ -46,12 +46,15 @@ def limited_middleware(
     meter_provider: MeterProvider | None = None,
     weight: RequestWeight = 1,
     flow: RequestFlow = None,
+    deadline_header: str | None = None,
 ) -> LimitedMiddleware:
     """A client middleware: each attempt takes one slot of `limit` and holds it until the
     response is read in full, released or closed; `retry` (None: one attempt) retries it;
     `adaptive` (an AdaptiveLimit or a controller) moves the limit. Each call asks for `weight`
     of the limit in `flow`: constants, or functions of the `aiohttp.ClientRequest`
-    (`weight=openai_tokens` prices an OpenAI-style body); a weight over the limit is capped."""
+    (`weight=openai_tokens` prices an OpenAI-style body); a weight over the limit is capped.
+    `deadline_header` (None: off) sends what is left of a call's deadline, in milliseconds,
+    on each attempt (e.g. "x-envoy-expected-rq-timeout-ms")."""
     return LimitedMiddleware(
         limit,
         retry=retry,
@@ -59,6 +62,7 @@ def limited_middleware(
         meter_provider=meter_provider,
         weight=weight,
         flow=flow,
+        deadline_header=deadline_header,
     )
 
 
@@ -77,6 +81,7 @@ class LimitedMiddleware(CallsView):
         meter_provider: MeterProvider | None = None,
         weight: RequestWeight = 1,
         flow: RequestFlow = None,
+        deadline_header: str | None = None,
     ) -> None:
         self.calls: LimitedCalls[_Call, ClientResponse] = LimitedCalls(
             limit,
@@ -86,6 +91,7 @@ class LimitedMiddleware(CallsView):
             meter_provider=meter_provider,
             weight=weight,
             flow=flow,
+            deadline_header=deadline_header,
         )
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
@@ -112,6 +118,9 @@ class _AiohttpExchange:
 
     def header(self, response: ClientResponse, name: str) -> str | None:
         return response.headers.get(name)
+
+    def set_header(self, request: _Call, name: str, value: str) -> None:
+        request.request.headers[name] = value
 
     def failure(self, error: Exception) -> RetryReason | None:
         if isinstance(error, aiohttp.ConnectionTimeoutError):

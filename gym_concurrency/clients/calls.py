@@ -13,6 +13,7 @@ full or it is closed). Everything else happens here:
   backoff, whichever path gives it back (the response, the leak guard, the client's close);
 - a retry happens only after the server's Retry-After, within `max_attempts`, the deadline
   and the retry budget; a denied retry ends the call with its last response (or error);
+- with a `deadline_header`, each attempt tells the server what is left of the deadline;
 - cancellation anywhere (waiting for a slot, in an attempt, reading a discarded body, backing
   off) gives back what is held and propagates: it is never retried.
 """
@@ -33,6 +34,7 @@ from ..limits import Limit
 from ..limits.adaptive import AdaptiveController, AdaptiveLimiter
 from .adaptive import AdaptiveConfig, adaptive_limiter
 from .budget import RetryBudget
+from .deadline_header import check_deadline_header, milliseconds_left
 from .metrics import ClientMetrics
 from .retry import (
     IDEMPOTENT_METHODS,
@@ -137,6 +139,10 @@ class Exchange(Protocol[_Request, ResponseT]):
 
     def header(self, response: ResponseT, name: str) -> str | None: ...
 
+    def set_header(self, request: _Request, name: str, value: str) -> None:
+        """Set (replace) a header of the request, before an attempt sends it."""
+        ...
+
     def failure(self, error: Exception) -> RetryReason | None:
         """ "connection" (nothing was answered), "timeout" (no answer in time), or None: not
         an error a retry can help."""
@@ -170,7 +176,9 @@ class Exchange(Protocol[_Request, ResponseT]):
 class LimitedCalls(Generic[RequestT, ResponseT]):
     """Outbound calls through one limit, retried by one policy (None: one attempt each), with
     one retry budget, adaptive limiter and set of metrics for all of them; each call asks for
-    `weight` in `flow` (constants, or functions of the request: see weights.py)."""
+    `weight` in `flow` (constants, or functions of the request: see weights.py). With a
+    `deadline_header`, each attempt of a call with a deadline sends what is left of it
+    (deadline_header.py)."""
 
     __slots__ = (
         "__weakref__",
@@ -179,6 +187,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
         "_metrics",
         "_overload",
         "ask",
+        "deadline_header",
         "limit",
         "limiter",
         "retry",
@@ -194,6 +203,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
         meter_provider: MeterProvider | None = None,
         weight: RequestWeight = 1,
         flow: RequestFlow = None,
+        deadline_header: str | None = None,
     ) -> None:
         if not all(hasattr(limit, name) for name in ("acquire", "try_acquire", "release")):
             raise TypeError(
@@ -205,6 +215,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
         self.limit = limit
         self.retry = retry
         self.ask = CallAsk(limit, weight, flow)
+        self.deadline_header = check_deadline_header(type(self).__name__, deadline_header)
         self._exchange = exchange
         self.limiter, self._overload = adaptive_limiter(limit, adaptive)
         self._budget = (
@@ -277,6 +288,8 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
     async def _send(self, request: RequestT, deadline: CallDeadline | None) -> ResponseT:
         if deadline is None:
             return await self._exchange.send(request)
+        if self.deadline_header is not None:  # what is left now, after the wait for a slot
+            self._exchange.set_header(request, self.deadline_header, milliseconds_left(deadline.at))
         timeout = asyncio.timeout_at(deadline.at)
         try:
             async with timeout:

@@ -48,7 +48,9 @@ class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
     full or the response closed (a streamed body keeps it); `retry` (None: one attempt)
     retries it; `adaptive` (an AdaptiveLimit or a controller) moves the limit. Each call asks
     for `weight` of the limit in `flow`: constants, or functions of the `httpx.Request`
-    (`weight=openai_tokens` prices an OpenAI-style body); a weight over the limit is capped."""
+    (`weight=openai_tokens` prices an OpenAI-style body); a weight over the limit is capped.
+    `deadline_header` (None: off) sends what is left of a call's deadline, in milliseconds,
+    on each attempt (e.g. "x-envoy-expected-rq-timeout-ms")."""
 
     def __init__(
         self,
@@ -60,6 +62,7 @@ class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
         meter_provider: MeterProvider | None = None,
         weight: RequestWeight = 1,
         flow: RequestFlow = None,
+        deadline_header: str | None = None,
     ) -> None:
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
         self._exchange = _HttpxExchange(self.transport)
@@ -71,6 +74,7 @@ class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
             meter_provider=meter_provider,
             weight=weight,
             flow=flow,
+            deadline_header=deadline_header,
         )
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -109,6 +113,9 @@ class _HttpxExchange:
     def header(self, response: httpx.Response, name: str) -> str | None:
         value: str | None = response.headers.get(name)
         return value
+
+    def set_header(self, request: httpx.Request, name: str, value: str) -> None:
+        request.headers[name] = value
 
     def failure(self, error: Exception) -> RetryReason | None:
         if isinstance(error, httpx.ConnectTimeout | httpx.PoolTimeout):

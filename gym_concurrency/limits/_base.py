@@ -18,6 +18,7 @@ from .deadlines import check_deadline
 from .flows import FlowStatistics
 from .limit import (
     Admission,
+    DeadlineExceededError,
     Hold,
     LimitScope,
     LimitStatistics,
@@ -207,8 +208,8 @@ class LimitBase:
     ) -> Literal[True]:
         """Take `weight` for `flow`, waiting in fair order at most `timeout` or `deadline`
         seconds (the sooner; None: what is left of the request's deadline, if one is being
-        handled); raises TimeoutError, QueueFullError, LimitUnavailableError, or cancels
-        (leaving the queue)."""
+        handled); raises TimeoutError (DeadlineExceededError when the deadline ended the
+        wait), QueueFullError, LimitUnavailableError, or cancels (leaving the queue)."""
         if deadline is not None:
             check_deadline(type(self).__name__, deadline)
         if not self.try_acquire(weight, flow):
@@ -235,10 +236,11 @@ class LimitBase:
         self.release()
 
     def _refused(self, refusal: Refusal, deadline: float | None = None) -> Exception:
-        """The exception `acquire()` raises for `refusal`."""
-        own = deadline is not None and (self._timeout is None or deadline < self._timeout)
-        if refusal == "timeout" and own:
-            return TimeoutError(f"{self._describe()}: no slot within the deadline, {deadline} s")
+        """The exception `acquire()` raises for `refusal` (`deadline`: the waiter's own)."""
+        if refusal == "deadline":
+            return DeadlineExceededError(
+                f"{self._describe()}: no slot within the deadline, {deadline} s"
+            )
         if refusal == "shed":
             return QueueFullError(f"{self._describe()}: {self._queue_full()}")
         if refusal == "unavailable":

@@ -97,6 +97,11 @@ class OwnDeadlines:
         rate = self._trusted_rate()
         return rate is not None and ahead / rate > bound
 
+    def clears_in(self, weight: int) -> float | None:
+        """Seconds the measured rate takes to hand out `weight`; None while it is not trusted."""
+        rate = self._trusted_rate()
+        return None if rate is None else weight / rate
+
     def _trusted_rate(self) -> float | None:
         """Weight handed out per second; None before the queue has stood for two seconds
         (hand-overs happen only while waiters queue) or with none measured."""

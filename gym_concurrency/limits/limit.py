@@ -8,8 +8,9 @@ waiting flow that holds the least weight (FIFO within a flow); see flows.py.
 
 Admission without raising: `try_acquire()` takes a free slot at once; otherwise `enqueue()`
 returns a future that ends with an `Admission`: "admitted" (the slot is held), or a `Refusal`:
-"timeout", "shed" (the queue was full; the future is then done already) or "unavailable" (a
-shared limit could not be reached). The task that awaited the future calls `settle(waiter)`
+"timeout" (the limit's own timeout), "deadline" (the waiter's own deadline passed, or cannot be
+met), "shed" (the queue was full; the future is then done already) or "unavailable" (a shared
+limit could not be reached). The task that awaited the future calls `settle(waiter)`
 once it resumes and keeps what it got, or, if it gives up (its client left, its task was
 cancelled), `leave(waiter)`, which also passes on a slot handed to it in that same moment.
 `wait_in_queue()` does both; every caller of `enqueue()` ends its wait one of these two ways.
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "REFUSALS",
     "Admission",
+    "DeadlineExceededError",
     "GlobalStatistics",
     "Hold",
     "Limit",
@@ -42,8 +44,9 @@ __all__ = [
     "wait_in_queue",
 ]
 
-Refusal = Literal["timeout", "shed", "unavailable"]
-"""How an admission fails: no slot within the timeout, a full queue, an unreachable store."""
+Refusal = Literal["timeout", "deadline", "shed", "unavailable"]
+"""How an admission fails: no slot within the limit's timeout, nor (or never) within the
+waiter's own deadline, a full queue, an unreachable store."""
 Admission = Literal["admitted", Refusal]
 """How a wait in a limit's queue ends."""
 WaitOutcome = Literal[Admission, "cancelled"]
@@ -51,6 +54,12 @@ WaitOutcome = Literal[Admission, "cancelled"]
 LimitScope = Literal["process", "global"]
 
 REFUSALS: tuple[Refusal, ...] = get_args(Refusal)
+
+
+class DeadlineExceededError(TimeoutError):
+    """Raised by a limit's `acquire()` when the waiter's own deadline (`deadline=`, or what is
+    left of the request's) passed before a slot was free, or cannot be met at the rate the
+    limit hands slots out; a TimeoutError, counted as the limit's timeout."""
 
 
 class QueueFullError(Exception):
@@ -175,8 +184,8 @@ class Limit(Protocol):
         self, weight: int = 1, flow: Hashable = None, *, deadline: float | None = None
     ) -> Literal[True]:
         """Take `weight` for `flow`, waiting in fair order at most `timeout` or `deadline`
-        seconds (the sooner); TimeoutError / QueueFullError / LimitUnavailableError, or
-        cancellation (leaving the queue)."""
+        seconds (the sooner); TimeoutError (DeadlineExceededError for the deadline) /
+        QueueFullError / LimitUnavailableError, or cancellation (leaving the queue)."""
         ...
 
     def hold(self, weight: int = 1, flow: Hashable = None) -> Hold:

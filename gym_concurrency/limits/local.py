@@ -181,10 +181,11 @@ class MeteredSemaphore(BackfillMixin, OwnDeadlinesMixin, LimitBase, asyncio.Boun
         self, weight: int = 1, flow: Hashable = None, deadline: float | None = None
     ) -> Waiter:
         """Join the queue (call after `try_acquire()` failed): the future ends "admitted" (the
-        weight is held), "timeout" (the limit's timeout or the waiter's own `deadline`, in
-        seconds from now, whichever is sooner), or is done already: "shed" if `max_queue`
-        tasks wait, "timeout" if the deadline is past or the measured hand-over rate says it
-        cannot be met. ValueError if `weight` exceeds the limit; nothing else raises."""
+        weight is held), "timeout" (the limit's timeout) or "deadline" (the waiter's own
+        `deadline`, in seconds from now, when sooner), or is done already: "shed" if
+        `max_queue` tasks wait, "deadline" if the deadline is past or the measured hand-over
+        rate says it cannot be met. ValueError if `weight` exceeds the limit; nothing else
+        raises."""
         if weight != 1:
             self._check_weight(weight)
         loop = asyncio.get_running_loop()
@@ -340,9 +341,9 @@ class MeteredSemaphore(BackfillMixin, OwnDeadlinesMixin, LimitBase, asyncio.Boun
             late = deadlines is not None and deadlines.disarm(waiter)
             if waiter.done():  # cancelled with its task, which counts it when it leaves
                 continue
-            if late:  # its deadline passed while the loop ran late: a timeout, not a slot
+            if late:  # its deadline passed while the loop ran late: refused, not a slot
                 self._timeouts += 1
-                waiter.set_result("timeout")
+                waiter.set_result("deadline")
                 continue
             self._active += 1
             self._handed[waiter] = None
@@ -371,7 +372,7 @@ class MeteredSemaphore(BackfillMixin, OwnDeadlinesMixin, LimitBase, asyncio.Boun
         if self._deadlines is not None and self._deadlines.late(waiter):
             self._unqueue(waiter)  # its deadline passed while the loop ran late
             self._timeouts += 1
-            waiter.set_result("timeout")
+            waiter.set_result("deadline")
             return False
         if flow is not None:  # a flow's count first: see flow_statistics()
             self._take(flow, weight)

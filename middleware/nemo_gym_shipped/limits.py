@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from gym_concurrency import MeteredSemaphore
 from gym_concurrency.limits import Refusal
@@ -48,22 +48,30 @@ UPSTREAM_POOL_TIMEOUT_FIELD = "upstream_pool_timeout_seconds"
 
 
 class LimitRefusedError(TimeoutError):
-    """A shipped limit's admission timed out: a builtin TimeoutError, counted once as a
-    timeout by the semaphore, that names the limit so its server can answer it as a refusal."""
+    """A shipped limit's admission timed out (`reason` "timeout"), or the request's deadline
+    ended the wait ("deadline"): a builtin TimeoutError, counted once as a timeout by the
+    semaphore, that names the limit so its server can answer it as a refusal."""
 
-    def __init__(self, message: str, limit_name: str, seconds: float | None) -> None:
+    def __init__(
+        self,
+        message: str,
+        limit_name: str,
+        seconds: float | None,
+        reason: Literal["timeout", "deadline"] = "timeout",
+    ) -> None:
         super().__init__(message)
         self.limit_name = limit_name
         self.seconds = seconds
+        self.reason = reason
 
 
 class ShippedSemaphore(MeteredSemaphore):
-    """A MeteredSemaphore whose admission timeout raises LimitRefusedError."""
+    """A MeteredSemaphore whose admission timeout (or deadline) raises LimitRefusedError."""
 
     def _refused(self, refusal: Refusal, deadline: float | None = None) -> Exception:
         error = super()._refused(refusal, deadline)
-        if type(error) is TimeoutError:
-            return LimitRefusedError(str(error), self.limit_name or "", self.timeout)
+        if refusal == "timeout" or refusal == "deadline":
+            return LimitRefusedError(str(error), self.limit_name or "", self.timeout, refusal)
         return error
 
 

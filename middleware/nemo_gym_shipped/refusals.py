@@ -34,21 +34,24 @@ STAGES_BY_PATH: dict[str, EpisodeStage] = {
 
 
 def refusal_response(error: LimitRefusedError, *, openai: bool) -> JSONResponse:
-    """The 503 a server answers for its shipped limit's admission timeout."""
-    headers = {"Retry-After": str(max(1, math.ceil(error.seconds or 1)))}
+    """The 503 a server answers for its shipped limit's admission timeout (Retry-After: the
+    timeout) or deadline refusal (Retry-After: 1; it says nothing of when the queue frees)."""
+    reason = error.reason
+    seconds = 1 if reason == "deadline" else max(1, math.ceil(error.seconds or 1))
+    headers = {"Retry-After": str(seconds)}
     if openai:
         body: dict[str, Any] = {
             "error": {
                 "message": str(error),
                 "type": "server_error",
                 "param": None,
-                "code": OPENAI_CODES["timeout"],
+                "code": OPENAI_CODES[reason],
             }
         }
         return JSONResponse(body, status_code=503, headers=headers)
     body = {
-        "type": PROBLEM_TYPES["timeout"],
-        "title": PROBLEM_TITLES["timeout"],
+        "type": PROBLEM_TYPES[reason],
+        "title": PROBLEM_TITLES[reason],
         "status": 503,
         "detail": str(error),
         "limit_name": error.limit_name,

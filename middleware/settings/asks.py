@@ -11,7 +11,7 @@ from starlette.routing import compile_path
 
 from .numbers import number
 
-__all__ = ["DeadlineSource", "FlowSource", "WeightSource", "check_ask"]
+__all__ = ["DeadlineHeader", "DeadlineSource", "FlowSource", "WeightSource", "check_ask"]
 
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP header name (RFC 9110)
 _DOTTED = re.compile(r"^[^.\s]+(\.[^.\s]+)*$")
@@ -68,7 +68,15 @@ def _check_deadline(value: str) -> str:
     return value
 
 
+def _check_header_name(value: str) -> str:
+    if not _TOKEN.match(value):
+        raise ValueError(f"{value!r} is not an HTTP header name")
+    return value
+
+
 FlowSource = Annotated[str, AfterValidator(_check_flow)]
+# Where an outbound call sends what is left of its deadline (ClientLimit.deadline_header).
+DeadlineHeader = Annotated[str, AfterValidator(_check_header_name)]
 DeadlineSource = Annotated[str, AfterValidator(_check_deadline)]
 WeightSource = Annotated[
     int | str, BeforeValidator(_weight_from_text), AfterValidator(_check_weight)

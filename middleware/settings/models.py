@@ -26,7 +26,7 @@ from gym_concurrency.limits.adaptive import Algorithm
 from gym_concurrency.names import EXECUTORS, OPERATIONS, check_member
 from gym_concurrency.tokens import DEFAULT_OUTPUT_TOKENS
 
-from .asks import DeadlineSource, FlowSource, WeightSource, check_ask
+from .asks import DeadlineHeader, DeadlineSource, FlowSource, WeightSource, check_ask
 from .credentials import (
     CredentialHeaders,
     FlowKey,
@@ -258,7 +258,8 @@ class ClientLimit(NumbersAreNumbers):
     """A concurrency limit on the calls this server makes to one upstream (a judge, a model, a
     tool): every attempt takes a slot (docs/clients.md). `timeout_seconds` / `max_queue` bound
     the wait for a slot; `retry` (None: one attempt per call) retries the calls; `adaptive`
-    moves the limit from the upstream's answers, starting at `max_concurrent`."""
+    moves the limit from the upstream's answers, starting at `max_concurrent`;
+    `deadline_header` (None: off) sends each attempt what is left of the call's deadline."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -271,6 +272,7 @@ class ClientLimit(NumbersAreNumbers):
     scope: LimitScope = "process"  # as RouteLimit.scope
     local_max_concurrent: int | None = Field(default=None, ge=1)  # as RouteLimit's
     backfill_seconds: _Backfill = 0.0  # as RouteLimit's
+    deadline_header: DeadlineHeader | None = None  # e.g. x-envoy-expected-rq-timeout-ms
 
     @model_validator(mode="after")
     def _starts_within_its_adaptive_bounds(self) -> Self:

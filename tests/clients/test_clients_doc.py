@@ -41,6 +41,7 @@ def test_every_block_has_a_test() -> None:
         "adaptive_limit",
         "limited_client(request.app",
         "gentle",
+        "forwarding_judge",
     ]
     assert len(BLOCKS) == len(markers)
     for block in BLOCKS:
@@ -179,3 +180,17 @@ async def test_an_outbound_refusal_is_a_503_with_retry_after_not_a_500(upstream:
     assert "upstream busy" in refused.json()["detail"]
     assert served.json() == {"status": 200}
     await judge.aclose()
+
+
+async def test_the_forwarded_deadline(upstream: Upstream) -> None:
+    from gym_concurrency.deadline import within_deadline
+
+    rate_limited_once(upstream)  # the retry, 0.2 s later, says 0.2 s less
+    doc = run("forwarding_judge")
+    async with doc["forwarding_judge"](upstream.url) as client:
+        with within_deadline(asyncio.get_running_loop().time() + 5.0):  # as a route's deadline
+            answer = await client.post("/v1/chat/completions", json={"model": "judge"})
+    assert answer.status_code == 200
+    first, retry = (int(a.headers["x-envoy-expected-rq-timeout-ms"]) for a in upstream.attempts())
+    assert 4000 < first <= 5000
+    assert 150 <= first - retry < 1500

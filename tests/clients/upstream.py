@@ -44,13 +44,14 @@ class Reply:
 
 @dataclass
 class Attempt:
-    """One request as the upstream saw it: when it arrived and when its answer started (None
-    while it has not)."""
+    """One request as the upstream saw it: when it arrived, when its answer started (None
+    while it has not) and its headers (names lowercase)."""
 
     path: str
     method: str
     arrived: float  # time.monotonic()
     answered: float | None = None
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 class Upstream:
@@ -97,7 +98,8 @@ class Upstream:
         while (await receive()).get("more_body", False):
             pass
         reply = self._next(path)
-        attempt = Attempt(path, scope["method"], arrived)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        attempt = Attempt(path, scope["method"], arrived, headers=headers)
         with self._lock:
             self._attempts.append(attempt)
             number = sum(1 for a in self._attempts if a.path == path)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gym_concurrency import MeteredSemaphore
+from gym_concurrency import DeadlineExceededError, MeteredSemaphore
 from gym_concurrency.deadline import within_deadline
 
 
@@ -24,25 +24,42 @@ def timers(sem: MeteredSemaphore) -> int:
 
 
 @pytest.mark.parametrize(
-    ("limit_timeout", "deadline", "bound"), [(None, 0.1, 0.1), (5, 0.1, 0.1), (0.1, 5, 0.1)]
+    ("limit_timeout", "deadline", "bound", "error"),
+    [
+        (None, 0.1, 0.1, DeadlineExceededError),
+        (5, 0.1, 0.1, DeadlineExceededError),
+        (0.1, 5, 0.1, TimeoutError),  # the limit's own timeout: no deadline refusal
+    ],
 )
 async def test_the_sooner_of_timeout_and_deadline_bounds_the_wait(  # type: ignore[no-untyped-def]
-    limit_timeout, deadline, bound
+    limit_timeout, deadline, bound, error
 ) -> None:
     sem = MeteredSemaphore(1, timeout=limit_timeout)
     await sem.acquire()
     started = time.monotonic()
-    with pytest.raises(TimeoutError):
+    with pytest.raises(TimeoutError) as raised:
         await sem.acquire(deadline=deadline)
+    assert type(raised.value) is error  # the deadline's own refusal, still a TimeoutError
     assert bound * 0.9 <= time.monotonic() - started < bound + 1.0
     assert (sem.admission_timeouts, sem.queue_depth, timers(sem)) == (1, 0, 0)
+
+
+async def test_a_wait_ends_deadline_when_its_own_deadline_ends_it() -> None:
+    sem = MeteredSemaphore(1, timeout=30)
+    await sem.acquire()
+    assert sem.enqueue(deadline=0).result() == "deadline"  # past: refused at once
+    assert await sem.enqueue(deadline=0.05) == "deadline"  # passed while it waited
+    timed_out = MeteredSemaphore(1, timeout=0.05)
+    await timed_out.acquire()
+    assert await timed_out.enqueue(deadline=30) == "timeout"  # the limit's timeout came first
+    assert (sem.admission_timeouts, timed_out.admission_timeouts) == (2, 1)
 
 
 async def test_a_past_deadline_is_refused_at_once_and_counted_as_a_timeout() -> None:
     sem = MeteredSemaphore(1)
     await sem.acquire()
     for deadline in (0, -1.5):
-        with pytest.raises(TimeoutError, match="no slot within the deadline"):
+        with pytest.raises(DeadlineExceededError, match="no slot within the deadline"):
             await sem.acquire(deadline=deadline)
     assert (sem.admission_timeouts, sem.queue_depth) == (2, 0)
     sem.release()
@@ -85,7 +102,7 @@ async def test_a_deadline_the_hand_over_rate_cannot_meet_is_refused_at_once() ->
     sem.release()
     await asyncio.sleep(2.1)  # a whole second measured, after a second's warm-up
     started = time.monotonic()
-    with pytest.raises(TimeoutError):  # ~40 ahead at ~100 / s: 0.4 s, not within 0.05 s
+    with pytest.raises(DeadlineExceededError):  # ~40 ahead at ~100 / s: not within 0.05 s
         await sem.acquire(deadline=0.05)
     assert time.monotonic() - started < 0.02  # refused as it arrived, not at its end
     assert await sem.acquire(deadline=10)  # one that can be met waits and gets in
@@ -124,7 +141,7 @@ async def test_a_heavy_waiter_whose_deadline_passes_frees_what_was_held_for_it()
     light = asyncio.ensure_future(sem.acquire(flow="light"))
     await settle()
     assert not light.done()  # the free slot is held for the heavy waiter
-    with pytest.raises(TimeoutError):
+    with pytest.raises(DeadlineExceededError):
         await heavy
     await light
     assert (sem.active, sem.admission_timeouts, timers(sem)) == (3, 1, 0)
@@ -145,7 +162,7 @@ async def test_a_wait_inside_a_request_with_a_deadline_ends_with_it() -> None:
     loop = asyncio.get_running_loop()
     with within_deadline(loop.time() + 0.1):  # as the middleware sets it around the app
         started = time.monotonic()
-        with pytest.raises(TimeoutError, match="no slot within the deadline"):
+        with pytest.raises(DeadlineExceededError, match="no slot within the deadline"):
             async with sem:
                 pass
         with pytest.raises(TimeoutError):
@@ -197,7 +214,7 @@ async def test_a_waiter_past_its_deadline_is_not_handed_a_slot_when_the_loop_run
     await asyncio.sleep(0.045)
     time.sleep(0.02)  # noqa: ASYNC251 - the loop busy past the deadline, its timer not run
     sem.release()
-    with pytest.raises(TimeoutError):
+    with pytest.raises(DeadlineExceededError):
         await waiting
     assert (sem.active, sem.admission_timeouts, timers(sem)) == (0, 1, 0)
 
@@ -219,7 +236,7 @@ async def test_a_deadline_that_leaves_no_time_for_the_work_is_refused_at_once() 
     sem.release()
     await asyncio.sleep(2.5)
     started = time.monotonic()
-    with pytest.raises(TimeoutError):  # 4 ahead, 0.2 s each: it could start, not finish
+    with pytest.raises(DeadlineExceededError):  # 4 ahead, 0.2 s each: start, not finish
         await sem.acquire(deadline=0.25)
     assert time.monotonic() - started < 0.05
     stop.set()

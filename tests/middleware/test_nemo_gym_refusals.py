@@ -22,7 +22,7 @@ from gym_concurrency.middleware.nemo_gym import (
     refusals_as_episode_failures,
 )
 
-from gym_concurrency import MeteredSemaphore, QueueFullError
+from gym_concurrency import DeadlineExceededError, MeteredSemaphore, QueueFullError
 from tests.registry import limits_of
 from tests.uvicorn_process import clean_env
 
@@ -44,9 +44,15 @@ def limited_app(component: str, failure: str, **limit: Any) -> FastAPI:
     return app
 
 
-async def refused(component: str, failure: str, body: Any = None, **limit: Any) -> RefusalMet:
-    """The refusal read from the error httpx raises for the route's failure response, its only
-    slot held by a request in flight."""
+async def refused(
+    component: str,
+    failure: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+    **limit: Any,
+) -> RefusalMet:
+    """The refusal read from the error httpx raises for the route's failure response (to a
+    request with `headers`), its only slot held by a request in flight."""
     app = limited_app(component, failure, **limit)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://inner") as client:
@@ -54,7 +60,7 @@ async def refused(component: str, failure: str, body: Any = None, **limit: Any) 
         slot = limits_of(component)["work"]
         await slot.acquire()
         try:
-            reply = await client.post("/work", json=body)
+            reply = await client.post("/work", json=body, headers=headers)
         finally:
             slot.release()
     if failure == "episode":
@@ -80,6 +86,9 @@ async def test_a_503_refusal_is_read_by_its_type_or_code(request: pytest.Fixture
     full = await refused(component + "_q", failure, max_queue=0)
     assert full.kind == "queue_full"
     assert "already has 0 requests queued" in full.detail
+    late = await refused(component + "_d", failure, None, {"x-ms": "0"}, deadline="header:x-ms")
+    assert late.kind == "deadline_exceeded"
+    assert "The request's deadline passed" in late.detail
 
 
 async def test_an_episode_refusal_is_read_from_the_reply():
@@ -93,6 +102,12 @@ async def test_an_episode_refusal_is_read_from_the_reply():
     )
     full = await refused("refusal_episode_q", "episode", body, max_queue=0)
     assert full.kind == "queue_full"
+    late = await refused(
+        "refusal_episode_d", "episode", body, {"x-ms": "0"}, deadline="header:x-ms"
+    )
+    assert late == RefusalMet(
+        "deadline_exceeded", "an inner environment server: Episode admission deadline exceeded"
+    )
 
 
 def test_an_episode_reply_that_is_no_refusal_raises_nothing():
@@ -148,6 +163,18 @@ async def test_a_local_limit_refusal_is_a_refusal():
     assert refusal.kind == "queue_full"
     assert "1 tasks already waiting (max_queue=1)" in refusal.detail
     waiter.cancel()
+    limit.release()
+
+
+async def test_a_local_limits_deadline_refusal_is_its_own_kind():
+    limit = MeteredSemaphore(1, timeout=30)
+    await limit.acquire()
+    with pytest.raises(DeadlineExceededError) as late:
+        await limit.acquire(deadline=0.01)
+    refusal = refusal_of(late.value)
+    assert refusal is not None
+    assert refusal.failure_kind == "gym_concurrency:deadline_exceeded"
+    assert "no slot within the deadline" in refusal.detail
     limit.release()
 
 

@@ -54,7 +54,7 @@ async def test_a_queued_request_waits_no_longer_than_its_deadline(component: str
             release.append(True)
             await holder
     assert refused.status_code == 503
-    assert refused.json()["type"] == "urn:gym-concurrency:admission-timeout"
+    assert refused.json()["type"] == "urn:gym-concurrency:deadline-exceeded"
     assert 0.18 <= waited < 1.5
     assert (limit.admission_timeouts, limit.queue_depth, limit.active) == (1, 0, 0)
 
@@ -67,6 +67,7 @@ async def test_a_past_deadline_is_refused_even_with_a_free_slot(component: str) 
         async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
             refused = await client.post("/work", headers={"x-deadline-ms": "0"})
     assert refused.status_code == 503
+    assert refused.json()["type"] == "urn:gym-concurrency:deadline-exceeded"
     assert (limit.admission_timeouts, limit.active) == (1, 0)
 
 
@@ -127,6 +128,7 @@ async def test_hopeless_requests_are_refused_as_they_arrive(component: str) -> N
             stop = True
             await asyncio.gather(*flooders)
     assert hopeless.status_code == 503
+    assert hopeless.json()["type"] == "urn:gym-concurrency:deadline-exceeded"
     assert refused_after < 0.08  # ~28 ahead at ~40 / s: refused as it arrived, not at 0.1 s
     assert limit.admission_timeouts >= 1
 

@@ -275,26 +275,27 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, LimitBase):
         self, weight: int = 1, flow: Hashable = None, deadline: float | None = None
     ) -> asyncio.Future[Admission]:
         """Join the global queue: the future ends "admitted" (the slot is held), "timeout"
-        (the limit's timeout or `deadline` seconds from now, the sooner; at once if past),
-        "shed" (the global queue was full) or "unavailable" (Redis could not be reached and
-        the mode is "refuse"). `flow` (None or a string, named the same in every process) is
-        served fairly across processes; FIFO within it."""
+        (the limit's timeout), "deadline" (`deadline` seconds from now, when sooner; at once
+        if past), "shed" (the global queue was full) or "unavailable" (Redis could not be
+        reached and the mode is "refuse"). `flow` (None or a string, named the same in every
+        process) is served fairly across processes; FIFO within it."""
         flow = self._check_ask(weight, flow)
         loop = asyncio.get_running_loop() if self._closed else self._bind()
         future: asyncio.Future[Admission] = loop.create_future()
-        timeout = self._timeout
+        timeout, own = self._timeout, False
         if deadline is not None:
             deadline = check_deadline(type(self).__name__, deadline)
             if deadline <= 0:
-                self._timeouts += 1
-                future.set_result("timeout")
+                self._timeouts += 1  # counted as a timeout, answered as its own refusal
+                future.set_result("deadline")
                 return future
-            timeout = deadline if timeout is None else min(timeout, deadline)
+            own = timeout is None or deadline < timeout
+            timeout = deadline if own else timeout
         if self._sync.refusing() or self._closed:
-            self._unreachable(self._add(Waiter(None, future, weight, flow), loop, timeout))
+            self._unreachable(self._add(Waiter(None, future, weight, flow), loop, timeout, own))
             return future
         ident = lease_id(self._proc, next(self._counter), weight, flow)
-        waiter = self._add(Waiter(ident, future, weight, flow), loop, timeout)
+        waiter = self._add(Waiter(ident, future, weight, flow), loop, timeout, own)
         self._sync.send(waiter)
         return future
 
