@@ -48,4 +48,3 @@ async def test_a_huge_retry_after_ends_the_call_with_that_response(
     denied = metrics.values(names.CLIENT_RETRIES_DENIED_INSTRUMENT)
     reasons = {dict(k)[names.RETRY_DENIED_REASON_ATTRIBUTE]: v for k, v in denied.items()}
     assert reasons == {"retry_after_too_long": 1}
-
