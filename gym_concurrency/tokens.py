@@ -23,8 +23,9 @@ _CHARACTERS_PER_TOKEN = 4
 
 def openai_tokens(body: object, *, default_output_tokens: int = DEFAULT_OUTPUT_TOKENS) -> int:
     """The tokens an OpenAI-style request `body` (its parsed JSON) may cost: its prompt's
-    characters / 4, rounded up, plus its output bound; at least 1. A body that is not an
-    object, or a bound that is not a positive int, counts as missing."""
+    characters / 4, rounded up, plus its output bound; at least 1, and however large (the
+    caller caps it at its limit). A body that is not an object, or a bound that is not a
+    positive int, counts as missing."""
     if not isinstance(body, Mapping):
         return max(1, default_output_tokens)
     characters = sum(_characters(body.get(field)) for field in PROMPT_FIELDS)

@@ -4,10 +4,11 @@ the request as `RouteLimit.weight`, `RouteLimit.flow` and `RouteLimit.deadline` 
 Flows: `header:<name>`, `query:<name>`, `path:<param>`, `json:<dotted.path>` or `client` (the
 client's address); a missing value is the default flow (None). Weights: an int, `json:<dotted.
 path>` (a number in the body) or `openai_tokens` (gym_concurrency.tokens); a missing or bad
-value is weight 1 (for `openai_tokens`, the default output alone). A weight over the limit is
-capped at it and counted: no request can ask for more than the limit could ever give.
+value is weight 1 (for `openai_tokens`, the default output alone). A weight over the limit,
+however large (1e400, 10^5000), is capped at it and counted: no request can ask for more than
+the limit could ever give, and none fails for what it asked.
 Flow values are client-controlled: cut to `MAX_FLOW_CHARACTERS`, so memory stays bounded. A
-flow from a credential header or a `hash:<source>` is never kept raw: its keyed hash (or its
+flow from a credential header or a `hash:` source is never kept raw: its keyed hash (or its
 label) is the flow (middleware/credential_flows.py), read whole, before any cut.
 A deadline is `header:<name>`: milliseconds remaining, ASCII digits with an optional fraction
 (as Envoy's x-envoy-expected-rq-timeout-ms); anything else is no deadline.
@@ -15,7 +16,6 @@ A deadline is `header:<name>`: milliseconds remaining, ASCII digits with an opti
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl
 from starlette.routing import compile_path
 from starlette.types import Scope
 
+from gym_concurrency import json_numbers
 from gym_concurrency.limits import Limit
 from gym_concurrency.tokens import openai_tokens
 
@@ -100,10 +101,10 @@ class RouteAsk:
         if weight > ceiling:
             if not self.capped:
                 _log.warning(
-                    "gym_concurrency: limit %r: a request asked for weight %d, more than the "
+                    "gym_concurrency: limit %r: a request asked for weight %s, more than the "
                     "limit %d; capped at the limit (counted, and logged only this once)",
                     self._name,
-                    weight,
+                    json_numbers.shown(weight),
                     ceiling,
                 )
             self.capped += 1
@@ -127,7 +128,7 @@ def _parse(body: bytes | None) -> Body:
     if body is None:
         return _MISSING
     try:
-        return json.loads(body)
+        return json_numbers.loads(body)  # an integer too long for Python: its leading digits
     except (ValueError, RecursionError):  # not JSON (or not UTF-8, or nested too deep)
         return _MISSING
 
@@ -202,12 +203,9 @@ def _text(value: object) -> str | None:
 
 
 def _count(value: object) -> int:
-    """A weight from a number in the body (rounded up); 1 if it is not a positive number."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return 1
-    if not math.isfinite(value) or value < 1:
-        return 1
-    return math.ceil(value)
+    """A weight from a number in the body (rounded up, however large: capped by the caller);
+    1 if it is not a number >= 1."""
+    return json_numbers.count(value) or 1
 
 
 def unread_length(scope: Scope, read: int) -> int:

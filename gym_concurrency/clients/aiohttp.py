@@ -8,6 +8,8 @@ Only translation lives here; the call loop is gym_concurrency.clients.calls. Nee
 from __future__ import annotations
 
 import asyncio
+import weakref
+from collections.abc import Callable
 from typing import NamedTuple
 
 from opentelemetry.metrics import MeterProvider
@@ -17,6 +19,7 @@ from ._extras import missing_library
 try:
     import aiohttp
     from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
+    from aiohttp.connector import Connection
 except ImportError as error:  # absent, or older than client middlewares (3.12)
     raise missing_library(error, "aiohttp", "limited_middleware", "3.12") from error
 
@@ -25,6 +28,7 @@ from ..limits.adaptive import AdaptiveController
 from ..safe_urls import safe_url
 from .adaptive import AdaptiveConfig
 from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
+from .leaks import guard_slot
 from .retry import RetryPolicy, RetryReason
 from .weights import RequestFlow, RequestWeight
 
@@ -152,11 +156,14 @@ class _AiohttpExchange:
         if connection is None:  # no body to read (or it was read already): nothing to hold
             slot.release()
             return response
-        # Called when the body has been read, or the response released or closed (also by
-        # aiohttp's own finalizer when the response is dropped unreleased).
-        connection.add_callback(slot.release)
+        _HeldSlot(response, slot, connection)
+        _unpin(response)
+        # Dropped unclosed: aiohttp's own finalizer frees the connection; this gives the slot
+        # back and logs the leak.
+        guard_slot(response, slot)
         if deadline is not None:
-            cut = asyncio.get_running_loop().call_at(deadline.at, _cut_off, response, deadline)
+            held = weakref.ref(response)  # a dropped response is not kept until the deadline
+            cut = asyncio.get_running_loop().call_at(deadline.at, _cut_off, held, deadline)
             connection.add_callback(cut.cancel)
         return response
 
@@ -170,10 +177,63 @@ class _AiohttpExchange:
         )
 
 
-def _cut_off(response: ClientResponse, deadline: BodyDeadline) -> None:
+class _HeldSlot:
+    """The slot of a response handed to the caller, given back when its connection is
+    released (the body read in full, or the response released or closed) or lost (its
+    session closed, the upstream gone); a response dropped unclosed is the leak guard's."""
+
+    __slots__ = ("_closed", "_response", "_slot")
+
+    def __init__(self, response: ClientResponse, slot: Slot, connection: Connection) -> None:
+        self._response = weakref.ref(response)
+        self._slot = slot
+        protocol = connection.protocol
+        self._closed = None if protocol is None else protocol.closed
+        connection.add_callback(self._released)
+        if self._closed is not None:
+            self._closed.add_done_callback(self._lost)
+
+    def _released(self) -> None:
+        if self._closed is not None:
+            self._closed.remove_done_callback(self._lost)
+        response = self._response()
+        # Released by aiohttp's finalizer (the response dropped, not closed): left to the leak
+        # guard, which gives it back unmeasured and says where the response was made.
+        if response is not None and response.closed:
+            self._slot.release()
+
+    def _lost(self, _closed: asyncio.Future[None]) -> None:
+        self._slot.release(measured=False)
+
+
+def _unpin(response: ClientResponse) -> None:
+    """aiohttp's body reader keeps the response alive until the body ends (its end-of-body
+    callback is a method of the response): held weakly instead, a response dropped unread is
+    collected, and its slot given back, before a body that may never end does."""
+    callbacks = getattr(response.content, "_eof_callbacks", None)
+    if isinstance(callbacks, list):  # aiohttp's own, as of 3.12 to 3.14
+        callbacks[:] = [
+            _weakly(callback) if getattr(callback, "__self__", None) is response else callback
+            for callback in callbacks
+        ]
+
+
+def _weakly(method: Callable[[], None]) -> Callable[[], None]:
+    held = weakref.WeakMethod(method)
+
+    def call() -> None:
+        bound = held()
+        if bound is not None:
+            bound()
+
+    return call
+
+
+def _cut_off(held: weakref.ref[ClientResponse], deadline: BodyDeadline) -> None:
     """The call's deadline passed with the body still unread: a read waiting (or to come)
     raises the deadline's error, and the connection is closed (giving the slot back)."""
-    if response.connection is None:
-        return  # read in full, released or closed meanwhile
+    response = held()
+    if response is None or response.connection is None:
+        return  # collected, read in full, released or closed meanwhile
     response.content.set_exception(deadline.error())
     response.close()

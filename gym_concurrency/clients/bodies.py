@@ -9,12 +9,11 @@ aiohttp: a request's library is already imported when one of its requests is see
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from typing import Any
 
-from .. import tokens
+from .. import json_numbers, tokens
 
 __all__ = ["MAX_JSON_BODY_BYTES", "json_body", "openai_tokens"]
 
@@ -27,7 +26,8 @@ _NOT_PARSED = object()
 
 def json_body(request: object, *, max_bytes: int = MAX_JSON_BODY_BYTES) -> Any | None:
     """The parsed JSON body of `request` (an httpx.Request or aiohttp.ClientRequest), or None
-    if it has none in memory, is not JSON, or is larger than `max_bytes`. Never raises: for
+    if it has none in memory, is not JSON, or is larger than `max_bytes` (an integer longer
+    than Python reads from text is read as its leading digits). Never raises: for
     weight and flow functions, e.g. `flow=lambda r: (json_body(r) or {}).get("user")`."""
     parsed = _parse(_body(request), max_bytes)
     return None if parsed is _NOT_PARSED else parsed
@@ -56,7 +56,7 @@ def _parse(body: bytes | str | None, max_bytes: int) -> Any:
     if not body or len(body) > max_bytes:
         return _NOT_PARSED
     try:
-        return json.loads(body)
+        return json_numbers.loads(body)  # an integer too long for Python: its leading digits
     except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the stack
         return _NOT_PARSED
 

@@ -19,7 +19,7 @@ __all__ = ["guard_slot"]
 
 _log = logging.getLogger("gym_concurrency.clients")
 # Frames of these packages' modules are not "where the response was made": the caller's are.
-_LIBRARIES = ("gym_concurrency", "httpx", "httpcore", "openai", "asyncio", "anyio")
+_LIBRARIES = ("gym_concurrency", "httpx", "httpcore", "aiohttp", "openai", "asyncio", "anyio")
 _said = False
 
 

@@ -113,7 +113,8 @@ def retry_after_seconds(
 ) -> float | None:
     """The server's delay in seconds: `retry-after-ms` (a non-negative decimal), else
     `Retry-After` as delta-seconds (ASCII digits) or as an HTTP date (less `now`, a Unix time;
-    a date in the past is 0). None if neither is usable: the backoff applies."""
+    a date in the past is 0); math.inf for digits past the largest float. None if neither is
+    usable: the backoff applies."""
     if retry_after_ms is not None:
         milliseconds = _number(_DECIMAL, retry_after_ms)
         if milliseconds is not None:
@@ -134,12 +135,12 @@ def retry_after_seconds(
 
 def _number(form: re.Pattern[str], text: str) -> float | None:
     """`text` (less optional whitespace) as a number if it has `form` exactly, else None:
-    Python's float() would also take "1_0", non-ASCII digits, "inf" or "1e3"."""
+    Python's float() would also take "1_0", non-ASCII digits, "inf" or "1e3". Digits past the
+    largest float are infinity: a valid wait longer than any maximum, not an absent one."""
     value = text.strip(_OWS)
     if form.fullmatch(value) is None:
         return None
-    number = float(value)
-    return number if math.isfinite(number) else None
+    return float(value)  # no digit limit, unlike int(): 5000 digits are inf, not an error
 
 
 def retry_after_delay(

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from .. import tokens
+from .. import json_numbers, tokens
 from ..limits import Limit
 from ..safe_urls import safe_url
 from . import bodies
@@ -77,10 +77,10 @@ class CallAsk:
             return weight
         if not self.capped:
             _log.warning(
-                "gym_concurrency: limit %r: an outbound call asked for weight %d, more than the "
+                "gym_concurrency: limit %r: an outbound call asked for weight %s, more than the "
                 "limit %d; capped at the limit (counted, and logged only this once)",
                 self._limit.limit_name or self._limit,
-                weight,
+                json_numbers.shown(weight),
                 ceiling,
             )
         self.capped += 1
@@ -103,7 +103,9 @@ def _checked_weight(
     else:
         return value
     if function is None:
-        raise error(f"weight= must be an int >= 1 or a function of the request, got {value!r}")
+        raise error(
+            f"weight= must be an int >= 1 or a function of the request, got {_shown(value)}"
+        )
     raise error(f"{_returned('weight', function, request, value)}: a weight is an int >= 1")
 
 
@@ -124,4 +126,11 @@ def _checked_flow(
 def _returned(what: str, function: Callable[[Any], object], request: Any, value: object) -> str:
     name = getattr(function, "__qualname__", None) or repr(function)
     method, url = getattr(request, "method", "?"), getattr(request, "url", "?")
-    return f"the {what} function {name} returned {value!r} for {method} {safe_url(str(url))}"
+    return f"the {what} function {name} returned {_shown(value)} for {method} {safe_url(str(url))}"
+
+
+def _shown(value: object) -> str:
+    """`value` in a message; an int of any length (Python will not write out 4300 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return json_numbers.shown(value)
+    return repr(value)

@@ -42,12 +42,17 @@ class Caller:
         async with self._aiohttp.get(path, headers=headers) as reply:
             return reply.status, await reply.read()
 
-    async def post(self, path: str, json: Any) -> tuple[int, bytes]:
-        """POST `json` as the body (in memory: weight and flow functions can read it)."""
+    async def post(
+        self, path: str, json: Any = None, *, content: bytes | None = None
+    ) -> tuple[int, bytes]:
+        """POST `json` as the body, or `content` as it is (in memory either way: weight and
+        flow functions can read it)."""
         if self.kind == "httpx":
-            response = await self._httpx.post(path, json=json)
+            sent = {"json": json} if content is None else {"content": content}
+            response = await self._httpx.post(path, **sent)
             return response.status_code, response.content
-        async with self._aiohttp.post(path, json=json) as reply:
+        body = {"json": json} if content is None else {"data": content}
+        async with self._aiohttp.post(path, **body) as reply:
             return reply.status, await reply.read()
 
     async def __aenter__(self) -> Caller:

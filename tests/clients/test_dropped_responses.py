@@ -68,17 +68,58 @@ async def test_closing_the_client_gives_back_the_slots_of_open_responses(
     assert len(kept) == 2
 
 
-async def test_an_aiohttp_response_dropped_unreleased_gives_its_slot_back(
-    upstream: Upstream, limit: MeteredSemaphore, said_again: None
+ENDLESS = Reply(endless=True, chunk_delay=0.01)
+
+
+async def test_an_aiohttp_response_dropped_unread_gives_its_slot_back_when_collected(
+    upstream: Upstream, limit: MeteredSemaphore, said_again: None, caplog: pytest.LogCaptureFixture
 ):
-    upstream.script("/stream", STREAMED)
+    # A body that never ends: without the net, its slot would never come back.
+    upstream.script("/endless", ENDLESS)
     middleware = limited_middleware(limit)
     async with aiohttp.ClientSession(base_url=upstream.url, middlewares=(middleware,)) as s:
-        response = await s.get("/stream")
+        response = await s.get("/endless")
+        await response.content.readany()  # the body is coming
         assert limit.active == 1
-        del response
-        gc.collect()
-        await eventually(lambda: limit.active == 0, "the slot to come back", seconds=5)
+        with caplog.at_level(logging.WARNING, logger="gym_concurrency.clients"):
+            del response
+            gc.collect()
+            await eventually(lambda: limit.active == 0, "the slot to come back", seconds=5)
+        await eventually(lambda: upstream.active == 0, "the upstream to see the caller go")
+        assert (await (await s.get("/after")).json())["attempt"] == 1  # the limit serves on
+    leaked = [r.getMessage() for r in caplog.records if "garbage-collected" in r.getMessage()]
+    assert len(leaked) == 1
+    assert __file__ in leaked[0]  # where the response was made: this test, not aiohttp
+
+
+async def test_a_released_aiohttp_response_is_no_leak(
+    upstream: Upstream, limit: MeteredSemaphore, said_again: None, caplog: pytest.LogCaptureFixture
+):
+    upstream.script("/endless", ENDLESS)
+    async with aiohttp.ClientSession(
+        base_url=upstream.url, middlewares=(limited_middleware(limit),)
+    ) as s:
+        with caplog.at_level(logging.WARNING, logger="gym_concurrency.clients"):
+            response = await s.get("/endless")
+            response.release()
+            assert limit.active == 0
+            del response
+            gc.collect()
+    assert not [r for r in caplog.records if "garbage-collected" in r.getMessage()]
+
+
+async def test_closing_the_aiohttp_session_gives_back_the_slots_of_open_responses(
+    upstream: Upstream, limit: MeteredSemaphore
+):
+    upstream.script("/endless", ENDLESS, ENDLESS)
+    session = aiohttp.ClientSession(base_url=upstream.url, middlewares=(limited_middleware(limit),))
+    kept = [await session.get("/endless") for _ in "ab"]
+    assert limit.active == 2
+    await session.close()
+    assert limit.active == 0  # at once, while the responses are still referenced
+    for response in kept:
+        response.release()  # later: nothing given back twice
+    assert limit.active == 0
 
 
 async def test_600_openai_streams_a_third_abandoned_a_third_never_read_all_complete(

@@ -32,7 +32,8 @@ CHAT_COMPLETION = {
 @dataclass(frozen=True)
 class Reply:
     """One answer: after `delay` seconds, `status` with `headers`, then `body` in `chunks`
-    pieces `chunk_delay` apart (a streamed body when chunks > 1)."""
+    pieces `chunk_delay` apart (a streamed body when chunks > 1); `endless`: a streamed body
+    that never ends (a piece every `chunk_delay`, until the caller goes)."""
 
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
@@ -40,6 +41,7 @@ class Reply:
     delay: float = 0.0
     chunks: int = 1
     chunk_delay: float = 0.0
+    endless: bool = False
 
 
 @dataclass
@@ -108,20 +110,23 @@ class Upstream:
         try:
             await asyncio.sleep(reply.delay)
             attempt.answered = time.monotonic()
-            await self._answer(send, reply, path, number)
+            await self._answer(receive, send, reply, path, number)
         finally:
             self.active -= 1
 
-    async def _answer(self, send: Any, reply: Reply, path: str, number: int) -> None:
+    async def _answer(self, receive: Any, send: Any, reply: Reply, path: str, number: int) -> None:
         body = reply.body
         if body is None:
             default = CHAT_COMPLETION if path.endswith("/chat/completions") else {}
             body = json.dumps({**default, "attempt": number}).encode()
         headers = [(b"content-type", b"application/json"), (b"x-attempt", b"%d" % number)]
         headers += [(k.encode(), v.encode()) for k, v in reply.headers.items()]
-        if reply.chunks <= 1:
+        if reply.chunks <= 1 and not reply.endless:
             headers.append((b"content-length", b"%d" % len(body)))
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+        if reply.endless:
+            await self._endless(receive, send, body, reply.chunk_delay)
+            return
         if reply.chunks <= 1:
             await send({"type": "http.response.body", "body": body})
             return
@@ -131,3 +136,15 @@ class Upstream:
             await send({"type": "http.response.body", "body": piece, "more_body": True})
             await asyncio.sleep(reply.chunk_delay)
         await send({"type": "http.response.body", "body": b""})
+
+    async def _endless(self, receive: Any, send: Any, piece: bytes, every: float) -> None:
+        """`piece` every `every` seconds until the caller disconnects (uvicorn's send says
+        nothing of it: the disconnect comes from receive)."""
+        gone = asyncio.ensure_future(receive())
+        try:
+            while not gone.done():
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+                await asyncio.sleep(every)
+        finally:
+            if not gone.done():  # the server stopping
+                gone.cancel()
