@@ -13,6 +13,7 @@ import pytest
 from fastapi import FastAPI, Request
 from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencySettings, RouteLimit
 from gym_concurrency.middleware.asks import RouteAsk
+from gym_concurrency.middleware.credential_flows import CredentialFlows
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +23,7 @@ from tests.registry import limits_of
 from tests.servers import UvicornServer
 
 LIMIT = 100
+NO_KEY = CredentialFlows(ConcurrencySettings())  # no route here hashes its flow
 
 
 @pytest.mark.parametrize(
@@ -41,7 +43,7 @@ def test_any_body_gives_a_weight_within_the_limit(
     route = RouteLimit(
         path="/work", limit_name="w", max_concurrent=LIMIT, weight=weight, flow="json:n"
     )
-    ask = RouteAsk(route, MeteredSemaphore(LIMIT, component="values", limit_name="w"))
+    ask = RouteAsk(route, MeteredSemaphore(LIMIT, component="values", limit_name="w"), NO_KEY)
     got, flow = ask({"type": "http", "headers": []}, body)
     assert type(got) is int
     assert 1 <= got <= LIMIT
@@ -69,7 +71,7 @@ def test_a_number_over_the_limit_is_capped_and_a_bad_one_is_the_default(
     n: str, expected: int, capped: int
 ) -> None:
     route = RouteLimit(path="/work", limit_name="w", max_concurrent=LIMIT, weight="json:n")
-    ask = RouteAsk(route, MeteredSemaphore(LIMIT, component="values", limit_name="w"))
+    ask = RouteAsk(route, MeteredSemaphore(LIMIT, component="values", limit_name="w"), NO_KEY)
     assert ask({"type": "http", "headers": []}, b'{"n": %s}' % n.encode()) == (expected, None)
     assert ask.capped == capped
 
@@ -78,7 +80,7 @@ def test_a_number_over_the_limit_is_capped_and_a_bad_one_is_the_default(
 @pytest.mark.parametrize("bound", [HUGE, "1" + "0" * 5000])
 def test_a_huge_output_bound_is_capped(field: str, bound: str) -> None:
     route = RouteLimit(path="/work", limit_name="w", max_concurrent=LIMIT, weight="openai_tokens")
-    ask = RouteAsk(route, MeteredSemaphore(LIMIT, component="values", limit_name="w"))
+    ask = RouteAsk(route, MeteredSemaphore(LIMIT, component="values", limit_name="w"), NO_KEY)
     body = b'{"messages": [{"role": "user", "content": "hi"}], "%s": %s}'
     assert ask({"type": "http", "headers": []}, body % (field.encode(), bound.encode())) == (
         LIMIT,
