@@ -295,8 +295,10 @@ class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
     close_connection_on_refusal: bool = True
     # On shutdown, how long admitted requests may run on (queued ones are refused at once).
     drain_timeout_seconds: _Seconds = 30.0
-    # Per-flow series each limit exports (its busiest flows; the rest as flow "other").
+    # Per-flow series each limit exports: its busiest flows on their own (by name, or in rank
+    # slots "top:N" once it has named flow_names_per_limit flows), the rest as flow "other".
     flow_series_per_limit: int = Field(default=5, ge=0)
+    flow_names_per_limit: int = Field(default=32, ge=0)
     # Limits with scope="global" live in this Redis (or Valkey): redis://host:port/db.
     redis_url: str | None = None
     # Redis unreachable: "refuse" answers with the failure profile (reason unavailable);
