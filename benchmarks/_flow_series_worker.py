@@ -104,7 +104,8 @@ def memory_reader() -> tuple[Any, Callable[[], Export]]:
                 for metric in scope.metrics:
                     if metric.name in found:
                         found[metric.name] += [
-                            (dict(p.attributes), p.value) for p in metric.data.data_points
+                            (dict(p.attributes or {}), getattr(p, "value", 0.0))
+                            for p in metric.data.data_points
                         ]
         return found, took
 
@@ -120,6 +121,7 @@ class Checks:
         self.bad_exports = 0  # any series overflowed or without its limit name
         self.first_bad_export: int | None = None
         self.overflow_points = 0
+        self.first_overflow: tuple[int, int] | None = None  # (export, flows seen by then)
         self.unnamed_points = 0
         self.tenant_misses = 0  # a steady tenant not read under its name with its weight
         self.sum_mismatches = 0  # a limit's flows not summing to its active
@@ -127,7 +129,9 @@ class Checks:
         self.labels_seen: set[str] = set()
         self.export_ms: list[float] = []
 
-    def check(self, export: dict[str, list[Point]], took: float, limits: list[Any]) -> None:
+    def check(
+        self, export: dict[str, list[Point]], took: float, limits: list[Any], flows: int
+    ) -> None:
         self.exports += 1
         self.export_ms.append(took * 1000.0)
         bad = False
@@ -136,6 +140,7 @@ class Checks:
             for attributes, _ in points:
                 if OVERFLOW in attributes:
                     self.overflow_points += 1
+                    self.first_overflow = self.first_overflow or (self.exports, flows)
                     bad = True
                 elif LIMIT_NAME not in attributes:
                     self.unnamed_points += 1
@@ -144,7 +149,7 @@ class Checks:
                     self.labels_seen.add(str(attributes[FLOW]))
         if not self.flow_series:
             return
-        held = {}
+        held: dict[tuple[Any, Any], float] = {}
         for attributes, value in export[FLOW_METRICS[0]]:
             if attributes.get(COMPONENT_KEY) == COMPONENT:
                 key = (attributes[LIMIT_NAME], attributes.get(FLOW))
@@ -170,6 +175,8 @@ class Checks:
             "bad_exports": self.bad_exports,
             "first_bad_export": self.first_bad_export,
             "overflow_points": self.overflow_points,
+            "first_overflow_export": self.first_overflow and self.first_overflow[0],
+            "flows_at_first_overflow": self.first_overflow and self.first_overflow[1],
             "unnamed_points": self.unnamed_points,
             "tenant_misses": self.tenant_misses,
             "sum_mismatches": self.sum_mismatches,
@@ -206,13 +213,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     checks = Checks(flow_series=args.series > 0)
 
     def export_and_check() -> None:
-        checks.check(*export(), limits)
+        checks.check(*export(), limits, made)
 
+    made = 0
     export_and_check()
     start = rss_bytes()
     samples = [{"flows": 0, "rss_mib": round(start / MIB, 3)}]
     started = time.perf_counter()
-    made = 0
     every = max(1, args.flows // 10)
     while made < args.flows:
         gate = asyncio.Event()

@@ -49,6 +49,8 @@ SUMMARY_FIELDS = (
     "bad_exports",
     "first_bad_export",
     "overflow_points",
+    "first_overflow_export",
+    "flows_at_first_overflow",
     "unnamed_points",
     "tenant_misses",
     "sum_mismatches",
