@@ -1,10 +1,10 @@
 """The long life of distinct flows (benchmarks/flow_series.py), shortened: 4,000 distinct flows
 through 4 limits in a process of its own, a Prometheus scrape of a real SDK MeterProvider after
 every 20. Before the vocabulary, the SDK's cardinality limit (2,000 attribute sets) turned the
-flow series into `otel_metric_overflow="true"` with no limit name after ~2,000 flows, and the
-process kept ~8 MiB more for the flows it had seen. Now every export keeps its limit names
-and the steady tenants' series, each limit's flows sum to its `active`, and RSS stays flat
-once the bounded label set is in."""
+flow series into `otel_metric_overflow="true"` with no limit name from the 150th export
+(2,980 flows) on, and the process kept 8 MiB more for the flows it had seen. Now every export
+keeps its limit names and the steady tenants' series, each limit's flows sum to its `active`,
+and RSS stays flat once the bounded label set is in."""
 
 from __future__ import annotations
 
