@@ -52,7 +52,7 @@ from .names import (
     RETRY_REASONS,
     SERVER_ATTRIBUTE,
 )
-from .observer import observe_concurrency, set_flow_series_per_limit
+from .observer import observe_concurrency, set_flow_names_per_limit, set_flow_series_per_limit
 from .operations import ResourcesOperation, resources_operation
 
 __all__ = [
@@ -100,5 +100,6 @@ __all__ = [
     "SharedLimit",
     "observe_concurrency",
     "resources_operation",
+    "set_flow_names_per_limit",
     "set_flow_series_per_limit",
 ]

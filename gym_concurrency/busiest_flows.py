@@ -15,7 +15,15 @@ from dataclasses import dataclass
 from . import names
 from .limits import FlowStatistics
 
-__all__ = ["BusiestFlows", "FlowRow", "busiest_flows", "flow_label"]
+__all__ = [
+    "BusiestFlows",
+    "FlowRow",
+    "busiest_first",
+    "busiest_flows",
+    "flow_label",
+    "merged_flows",
+    "summed",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,24 +57,38 @@ def flow_label(flow: Hashable) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def busiest_flows(flows: Iterable[FlowStatistics], top: int) -> BusiestFlows:
-    """The `top` flows holding and asking for the most weight (ties: by label), merged by
-    label (the flows of limits reported as one are passed together), and the rest summed."""
+def merged_flows(flows: Iterable[FlowStatistics]) -> list[FlowRow]:
+    """`flows` merged by label (the flows of limits reported as one are passed together)."""
     merged: dict[str, tuple[int, int, int]] = {}
     for flow in flows:
         label = flow_label(flow.flow)
         held, depth, queued = merged.get(label, (0, 0, 0))
         merged[label] = (held + flow.held, depth + flow.queue_depth, queued + flow.queued_weight)
-    rows = [FlowRow(label, *counts) for label, counts in merged.items()]
-    chosen = heapq.nsmallest(top, rows, key=lambda r: (-(r.held + r.queued_weight), r.flow))
+    return [FlowRow(label, *counts) for label, counts in merged.items()]
+
+
+def busiest_first(row: FlowRow) -> tuple[int, str]:
+    """The order of busyness: the most weight held and asked for first (ties: by label)."""
+    return -(row.held + row.queued_weight), row.flow
+
+
+def busiest_flows(flows: Iterable[FlowStatistics], top: int) -> BusiestFlows:
+    """The `top` flows holding and asking for the most weight (ties: by label), merged by
+    label (the flows of limits reported as one are passed together), and the rest summed."""
+    rows = merged_flows(flows)
+    chosen = heapq.nsmallest(top, rows, key=busiest_first)
     if len(chosen) == len(rows):
         return BusiestFlows(chosen, None, 0)
     named = {row.flow for row in chosen}
     others = [row for row in rows if row.flow not in named]
-    rest = FlowRow(
-        names.OTHER_FLOWS,
-        sum(row.held for row in others),
-        sum(row.queue_depth for row in others),
-        sum(row.queued_weight for row in others),
-    )
-    return BusiestFlows(chosen, rest, len(others))
+    return BusiestFlows(chosen, summed(names.OTHER_FLOWS, others), len(others))
+
+
+def summed(label: str, rows: Iterable[FlowRow]) -> FlowRow:
+    """`rows` added up, under `label`."""
+    held = depth = queued = 0
+    for row in rows:
+        held += row.held
+        depth += row.queue_depth
+        queued += row.queued_weight
+    return FlowRow(label, held, depth, queued)

@@ -20,8 +20,8 @@ ADMISSION_UNAVAILABLE_INSTRUMENT: Final = "gym.concurrency.admission_unavailable
 ADMISSION_LEASE_LOST_INSTRUMENT: Final = "gym.concurrency.admission_lease_lost_total"
 # The weight the waiters of a limit ask for (queue_depth counts the waiters).
 QUEUED_WEIGHT_INSTRUMENT: Final = "gym.concurrency.queued_weight"
-# Per flow of a limit, bounded: the busiest flows by held + queued weight under their own
-# FLOW_ATTRIBUTE, the rest summed as OTHER_FLOWS (see observer.set_flow_series_per_limit).
+# Per flow of a limit, bounded: its flows under FLOW_ATTRIBUTE, from a bounded vocabulary of
+# labels (see observer.set_flow_series_per_limit and set_flow_names_per_limit).
 FLOW_HELD_INSTRUMENT: Final = "gym.concurrency.flow.held"
 FLOW_QUEUE_DEPTH_INSTRUMENT: Final = "gym.concurrency.flow.queue_depth"
 FLOW_QUEUED_WEIGHT_INSTRUMENT: Final = "gym.concurrency.flow.queued_weight"
@@ -35,13 +35,20 @@ SERVER_ATTRIBUTE: Final = "nemo.gym.server.name"
 SCOPE_ATTRIBUTE: Final = "nemo.gym.concurrency.scope"
 GLOBAL_SCOPE: Final = "global"
 ADMISSION_OUTCOME_ATTRIBUTE: Final = "nemo.gym.concurrency.admission_outcome"
-# The flow instruments' own attribute: the flow as a string, at most FLOW_LABEL_MAX_CHARS long;
-# DEFAULT_FLOW for the default flow (None), OTHER_FLOWS for the flows beyond the busiest.
+# The flow instruments' own attribute, from a bounded vocabulary per limit (flow_series.py):
+# DEFAULT_FLOW for the default flow (None), a flow's own label (its string, at most
+# FLOW_LABEL_MAX_CHARS long) for the first DEFAULT_FLOW_NAMES_PER_LIMIT flows a limit reports,
+# RANK_FLOW_PREFIX + "1".."N" for its busiest flows without a name, OTHER_FLOWS for the rest.
 FLOW_ATTRIBUTE: Final = "nemo.gym.concurrency.flow"
 DEFAULT_FLOW: Final = "default"
 OTHER_FLOWS: Final = "other"
+RANK_FLOW_PREFIX: Final = "top:"
 FLOW_LABEL_MAX_CHARS: Final = 64
 DEFAULT_FLOW_SERIES_PER_LIMIT: Final = 5
+DEFAULT_FLOW_NAMES_PER_LIMIT: Final = 32
+# Flow labels of all limits together, per flow instrument: well under the SDK's default
+# cardinality limit (2000 attribute sets per instrument, kept for the life of the process).
+FLOW_SERIES_PER_PROCESS: Final = 1000
 
 # "deadline": refused for the request's own deadline (passed, or it cannot be met).
 ADMISSION_OUTCOMES: Final = frozenset({"admitted", "timeout", "deadline", "cancelled", "shed"})

@@ -8,10 +8,11 @@ call at all (through the API's proxy, also when the SDK provider is set later);
 `observe_concurrency(provider)` adds another provider. Global limits carry the scope attribute
 and report `admission_unavailable_total`; process limits carry no scope attribute.
 
-Per flow, cardinality is bounded: each limit reports its busiest flows (by held + queued
-weight, at most `set_flow_series_per_limit(n)` of them, default 5) under the flow attribute,
-the rest summed as flow "other", and only flows that hold weight or wait now: an idle limit
-reports no flow series, one used with the default flow only one ("default").
+Per flow, cardinality is bounded for the life of the process (flow_series.py): each limit's
+flows go under labels from a bounded vocabulary: "default", its first
+`set_flow_names_per_limit(k)` flows by name (default 32), rank slots "top:1".."top:N" for its
+busiest flows without a name (N: `set_flow_series_per_limit(n)`, default 5) and "other" for
+the rest; a label once reported stays, at 0 while its flow is idle.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observa
 
 from . import names
 from .attributes import limit_attributes
-from .busiest_flows import FlowRow, busiest_flows
+from .busiest_flows import FlowRow
+from .flow_series import FlowSeries
 from .limits import FlowStatistics, Limit, registered_limits
 from .limits.registry import watch
 from .meters import SCOPE_VERSION, meter_for
 
-__all__ = ["observe_concurrency", "set_flow_series_per_limit"]
+__all__ = ["observe_concurrency", "set_flow_names_per_limit", "set_flow_series_per_limit"]
 
 _log = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ _ATTRIBUTES: dict[_AttributeKey, dict[str, str]] = {}
 
 _lock = threading.Lock()
 _flow_series_per_limit: int = names.DEFAULT_FLOW_SERIES_PER_LIMIT
+_flow_names_per_limit: int = names.DEFAULT_FLOW_NAMES_PER_LIMIT
+_flow_series = FlowSeries()  # every provider's: they all report the same labels
 _global_instruments: list[Any] | None = None
 _provider_instruments: weakref.WeakKeyDictionary[MeterProvider, list[Any]] = (
     weakref.WeakKeyDictionary()
@@ -79,15 +83,27 @@ watch(_observe_global)
 
 
 def set_flow_series_per_limit(n: int) -> None:
-    """Report each limit's `n` busiest flows by name (by held + queued weight) and the rest
-    summed as flow "other": at most n + 1 series per limit and flow instrument; 0 reports no
-    flow series. Process-wide, for every provider, from the next export. Default 5."""
+    """Report each limit's `n` busiest flows (by held + queued weight) on their own: by name,
+    or in rank slots "top:1".."top:n" once the limit has no room for another name; 0 reports
+    no flow series at all. Process-wide, for every provider, from the next export. Default 5."""
     global _flow_series_per_limit
+    _flow_series_per_limit = _checked("flow series per limit", n, "0: no flow series")
+
+
+def set_flow_names_per_limit(k: int) -> None:
+    """Let each limit name at most `k` flows (besides "default") in its flow series: the
+    first k among its busiest it reports; 0 names none. Process-wide, for every provider,
+    from the next export (names given stay). Default 32."""
+    global _flow_names_per_limit
+    _flow_names_per_limit = _checked("flow names per limit", k, "0: none")
+
+
+def _checked(what: str, n: int, zero: str) -> int:
     if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"flow series per limit must be an int, got {n!r}")
+        raise TypeError(f"{what} must be an int, got {n!r}")
     if n < 0:
-        raise ValueError(f"flow series per limit must be >= 0 (0: no flow series), got {n}")
-    _flow_series_per_limit = n
+        raise ValueError(f"{what} must be >= 0 ({zero}), got {n}")
+    return n
 
 
 def _attribute_key(limit: Limit) -> _AttributeKey:
@@ -207,8 +223,8 @@ _FLOW_INSTRUMENTS = (
         names.FLOW_HELD_INSTRUMENT,
         read=lambda f: f.held,
         unit=names.WEIGHT_UNIT,
-        description="Weight of a concurrency limit a flow holds now (busiest flows; the rest "
-        'as flow "other").',
+        description="Weight of a concurrency limit a flow holds now (named flows, the busiest "
+        'others in rank slots "top:N", the rest as flow "other").',
     ),
     _FlowInstrument(
         names.FLOW_QUEUE_DEPTH_INSTRUMENT,
@@ -293,16 +309,13 @@ class _FlowReadings:
         self._read_at = -math.inf  # nothing read yet
 
     def observations(self, spec: _FlowInstrument) -> list[Observation]:
-        """One point per reported flow of each attribute set, the flow as FLOW_ATTRIBUTE."""
+        """One point per label each attribute set reports, the label as FLOW_ATTRIBUTE."""
         found = []
         for key, rows in self._take(spec.name).items():
-            totals: dict[str, int] = {}  # a flow named "other" and the rest are one series
-            for row in rows:
-                totals[row.flow] = totals.get(row.flow, 0) + spec.read(row)
             attributes = _ATTRIBUTES[key]
             found += [
-                Observation(value, {**attributes, names.FLOW_ATTRIBUTE: flow})
-                for flow, value in totals.items()
+                Observation(spec.read(row), {**attributes, names.FLOW_ATTRIBUTE: row.flow})
+                for row in rows
             ]
         return found
 
@@ -318,20 +331,18 @@ class _FlowReadings:
 
 
 def _read_flows(top: int) -> dict[_AttributeKey, list[FlowRow]]:
-    """Per attribute set with a flow holding or waiting: its limits' flows merged, the `top`
-    busiest by name and the rest as "other". Nothing at all when `top` is 0."""
+    """Per attribute set of the limits alive: its limits' flows merged, under the labels it
+    reports (flow_series.py), every label it reported before included. Nothing at all when
+    `top` is 0."""
     if top == 0:
         return {}
     flows: dict[_AttributeKey, list[FlowStatistics]] = {}
     for limit in registered_limits():
-        found = _flows_of(limit)
-        if found:
-            flows.setdefault(_attribute_key(limit), []).extend(found)
-    reported = {}
-    for key, merged in flows.items():
-        busiest = busiest_flows(merged, top)
-        reported[key] = busiest.top if busiest.rest is None else [*busiest.top, busiest.rest]
-    return reported
+        flows.setdefault(_attribute_key(limit), []).extend(_flows_of(limit))
+    names_per_limit = _flow_names_per_limit
+    return {
+        key: _flow_series.report(key, merged, top, names_per_limit) for key, merged in flows.items()
+    }
 
 
 def _flows_of(limit: Limit) -> list[FlowStatistics]:

@@ -21,6 +21,7 @@ from gym_concurrency import (
     MeteredSemaphore,
     SharedLimit,
     observe_concurrency,
+    set_flow_names_per_limit,
     set_flow_series_per_limit,
 )
 from gym_concurrency.attributes import limit_attributes
@@ -204,6 +205,7 @@ class ConcurrencyLimits:
     def apply(self) -> list[str]:
         """Make the running limits what these settings say; what changed, one line each."""
         set_flow_series_per_limit(self.settings.flow_series_per_limit)  # process-wide
+        set_flow_names_per_limit(self.settings.flow_names_per_limit)
         plans = [*self._route_plans.values(), *self._operation_plans, *self._client_plans]
         changes = [line for plan in plans for line in plan.apply()]
         previous, self._previous = self._previous, None

@@ -304,8 +304,10 @@ class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
     close_connection_on_refusal: bool = True
     # On shutdown, how long admitted requests may run on (queued ones are refused at once).
     drain_timeout_seconds: _Seconds = 30.0
-    # Per-flow series each limit exports (its busiest flows; the rest as flow "other").
+    # Per-flow series each limit exports: its busiest flows on their own (by name, or in rank
+    # slots "top:N" once it has named flow_names_per_limit flows), the rest as flow "other".
     flow_series_per_limit: int = Field(default=5, ge=0)
+    flow_names_per_limit: int = Field(default=32, ge=0)
     # Flows read from credentials are HMACs under flow_key, a secret every replica shares
     # (None: a key made per process); credential_headers adds to the built-in ones, and
     # flow_labels names hashed flows ({"h:<16 hex>": "team-a"}). docs/flows.md.

@@ -13,7 +13,19 @@ from gym_concurrency.middleware.status import ConcurrencyStatusView, status_snap
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from gym_concurrency import MeteredSemaphore, QueueFullError, resources_operation
+from gym_concurrency import (
+    COMPONENT_ATTRIBUTE,
+    MeteredSemaphore,
+    QueueFullError,
+    observe_concurrency,
+    resources_operation,
+    set_flow_names_per_limit,
+)
+from gym_concurrency.names import (
+    DEFAULT_FLOW_NAMES_PER_LIMIT,
+    FLOW_ATTRIBUTE,
+    FLOW_HELD_INSTRUMENT,
+)
 
 
 def client_for(view: ConcurrencyStatusView) -> httpx.AsyncClient:
@@ -113,6 +125,32 @@ async def test_each_limit_lists_its_busiest_flows_and_sums_the_rest(component: s
     assert shown["idle"]["flows"] == []
     assert shown["idle"]["other_flows"] is None
     assert idle.limit == 2  # kept alive until the snapshot was taken
+
+
+async def test_the_view_names_busy_flows_the_metrics_show_in_rank_slots(
+    metrics: Any, component: str
+):
+    observe_concurrency(metrics.provider)
+    set_flow_names_per_limit(2)
+    limit = MeteredSemaphore(20, component=component, limit_name="judge")
+    try:
+        for flow, weight in [("first", 1), ("second", 1), ("late", 5)]:
+            await limit.acquire(weight, flow)
+            metrics.collect()  # first and second take the limit's two names
+        flows = {
+            dict(attributes)[FLOW_ATTRIBUTE]: value
+            for attributes, value in metrics.values(FLOW_HELD_INSTRUMENT).items()
+            if dict(attributes).get(COMPONENT_ATTRIBUTE) == component
+        }
+    finally:
+        set_flow_names_per_limit(DEFAULT_FLOW_NAMES_PER_LIMIT)
+    assert flows == {"first": 1, "second": 1, "top:1": 5}
+    shown = rows(status_snapshot(), component)["judge"]["flows"]
+    assert [(row["flow"], row["held"]) for row in shown] == [
+        ("late", 5),
+        ("first", 1),
+        ("second", 1),
+    ]
 
 
 async def test_a_hostile_flow_key_is_data_cut_to_64_characters(component: str):

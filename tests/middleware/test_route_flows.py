@@ -16,6 +16,9 @@ from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencySe
 from pydantic import ValidationError
 from servers import UvicornServer, eventually
 
+from gym_concurrency import COMPONENT_ATTRIBUTE, set_flow_names_per_limit
+from gym_concurrency.names import DEFAULT_FLOW_NAMES_PER_LIMIT, FLOW_ATTRIBUTE, FLOW_HELD_INSTRUMENT
+from tests.metrics_capture import MetricsCapture
 from tests.registry import limits_of
 
 
@@ -31,7 +34,8 @@ class Held:
 
 
 def served_app(component: str, held: Held, **route: Any) -> FastAPI:
-    settings_fields = {k: route.pop(k) for k in list(route) if k.startswith("max_queued")}
+    meter_provider = route.pop("meter_provider", None)
+    settings_fields = {k: route.pop(k) for k in list(route) if k.startswith(_SETTINGS_FIELDS)}
     route = {"limit_name": "work", "max_concurrent": 2, "path": "/work/{env}", **route}
     settings = ConcurrencySettings(
         component=component, routes=[RouteLimit(**route)], **settings_fields
@@ -46,8 +50,11 @@ def served_app(component: str, held: Held, **route: Any) -> FastAPI:
             await asyncio.sleep(0.002)
         return {"id": id, "bytes": len(body)}
 
-    app.add_middleware(ConcurrencyLimitMiddleware, settings=settings)
+    app.add_middleware(ConcurrencyLimitMiddleware, settings=settings, meter_provider=meter_provider)
     return app
+
+
+_SETTINGS_FIELDS = ("max_queued", "flow_series_per_limit", "flow_names_per_limit")
 
 
 async def post(client: httpx.AsyncClient, id: str, **kwargs: Any) -> httpx.Response:
@@ -285,3 +292,38 @@ async def test_on_an_adaptive_route_weights_are_capped_at_its_floor(component: s
             assert limit.active == 4
             held.release("heavy")
             await response
+
+
+async def test_the_settings_bound_the_flow_names_each_limit_exports(
+    component: str, metrics: MetricsCapture
+) -> None:
+    def held_by_flow() -> dict[str, Any]:
+        return {
+            dict(attributes)[FLOW_ATTRIBUTE]: value
+            for attributes, value in metrics.values(FLOW_HELD_INSTRUMENT).items()
+            if dict(attributes)[COMPONENT_ATTRIBUTE] == component
+        }
+
+    held = Held()
+    app = served_app(
+        component,
+        held,
+        flow="header:x-flow",
+        flow_names_per_limit=1,
+        meter_provider=metrics.provider,
+    )
+    try:
+        with UvicornServer(app) as server:
+            limit = limits_of(component)["work"]
+            async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+                first = asyncio.create_task(post(client, "a", headers={"x-flow": "tenant-a"}))
+                await eventually(lambda: limit.active == 1, "the first request in")
+                assert held_by_flow() == {"tenant-a": 1}  # the limit's one name
+                second = asyncio.create_task(post(client, "b", headers={"x-flow": "tenant-b"}))
+                await eventually(lambda: limit.active == 2, "the second request in")
+                assert held_by_flow() == {"tenant-a": 1, "top:1": 1}
+                held.release("a", "b")
+                await asyncio.gather(first, second)
+                assert held_by_flow() == {"tenant-a": 0, "top:1": 0}
+    finally:
+        set_flow_names_per_limit(DEFAULT_FLOW_NAMES_PER_LIMIT)

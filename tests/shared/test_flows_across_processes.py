@@ -212,3 +212,30 @@ async def test_a_waiter_queued_behind_another_flow_is_granted_when_it_is_the_fai
     holder.release(2, "f")
     assert await asyncio.wait_for(heavy, 3) == "admitted"
     other.release(3, "f")
+
+
+def by_flow(limit: SharedLimit) -> set[tuple[str | None, int, int, int]]:
+    """`limit.flow_statistics()` as (flow, held, waiters, queued weight)."""
+    return {(f.flow, f.held, f.queue_depth, f.queued_weight) for f in limit.flow_statistics()}
+
+
+async def test_flow_statistics_are_this_processs_holders_and_waiters_by_flow(
+    limits: Limits,
+) -> None:
+    a, b = limits(4), limits(4)
+    assert await a.enqueue(2, "x") == "admitted"
+    assert await a.enqueue(1) == "admitted"
+    assert await b.enqueue(1, "y") == "admitted"
+    waits = await queue_in_order((b, 2, "x"), (b, 1, None), (b, 1, "x"))
+    assert by_flow(a) == {("x", 2, 0, 0), (None, 1, 0, 0)}
+    assert by_flow(b) == {("y", 1, 0, 0), ("x", 0, 2, 3), (None, 0, 1, 1)}
+    a.release(2, "x")  # x's head (2) first: the default flow holds 1, x 0 across processes
+    await wait_for(lambda: admitted(waits) == [0], 3, "x's head admitted")
+    assert by_flow(b) == {("y", 1, 0, 0), ("x", 2, 1, 1), (None, 0, 1, 1)}
+    for future in waits[1:]:
+        b.leave(future)
+    await settle(a, b)
+    a.release(1)
+    b.release(1, "y")
+    b.release(2, "x")
+    assert by_flow(a) == by_flow(b) == set()  # nothing kept for a flow once it is idle

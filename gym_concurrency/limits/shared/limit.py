@@ -40,6 +40,7 @@ from ._ends import EndsMixin
 from ._fallback import Fallback
 from ._held import HeldLeases, lease_id
 from ._loops import Heartbeat, mailbox
+from ._process_flows import ProcessFlowsMixin
 from ._settings import SettingsMixin
 from ._store import PendingSize, RedisStore
 from ._sync import RedisSync
@@ -54,7 +55,7 @@ LeaseLostHook = Callable[["SharedLimit", tuple[str, ...]], None]
 _CLOSE_SECONDS: Final = 2.0  # how long close() waits for in-flight Redis calls
 
 
-class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, LimitBase):
+class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, ProcessFlowsMixin, LimitBase):
     """A FIFO concurrency limit shared across processes and hosts through Redis or Valkey.
 
     The same contract as MeteredSemaphore, globally: never more than `limit` weight held
