@@ -3,6 +3,7 @@ over the core and the middleware alike (ruff and mypy themselves run in scripts/
 
 from __future__ import annotations
 
+import re
 import subprocess
 import tomllib
 from pathlib import Path
@@ -54,3 +55,21 @@ def test_benchmark_summaries_in_git_stay_small():
     # Counted as `du` does (4 KiB blocks), which is what a checkout costs.
     kib = sum(-(-path.stat().st_size // 4096) * 4 for path in files if path.exists())
     assert kib <= MAX_BENCHMARK_RESULTS_KIB, f"{kib} KiB of benchmark summaries in git"
+
+
+def test_the_readme_layout_names_every_library_module():
+    """The README's Layout map matches the tree: each module of a package is named in that
+    package's part of the map (issue 34)."""
+    readme = (ROOT / "README.md").read_text()
+    layout = readme.split("## Layout", 1)[1].split("```")[1]
+    parts = re.split(r"^(?=\S)", layout, flags=re.M)  # one part per top-level folder
+    for package in ("gym_concurrency", "middleware"):
+        part = next(p for p in parts if p.startswith(f"{package}/"))
+        named = set(re.findall(r"[\w.]+\.(?:py|html)\b", part))
+        files = {
+            path.name
+            for path in (ROOT / package).rglob("*")
+            if path.suffix in {".py", ".html"} and path.name != "__init__.py"
+        }
+        assert files - named == set(), f"README Layout, {package}/: not named"
+        assert named - files - {"__init__.py"} == set(), f"README Layout, {package}/: gone"
