@@ -25,7 +25,7 @@ from ..limits.adaptive import AdaptiveController
 from .adaptive import AdaptiveConfig
 from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
 from .retry import RetryPolicy, RetryReason
-from .weights import RequestFlow, RequestWeight
+from .weights import ROUTE_FLOW, RequestFlow, RequestWeight
 
 __all__ = ["LimitedMiddleware", "limited_middleware"]
 
@@ -44,13 +44,14 @@ def limited_middleware(
     adaptive: AdaptiveConfig | AdaptiveController | None = None,
     meter_provider: MeterProvider | None = None,
     weight: RequestWeight = 1,
-    flow: RequestFlow = None,
+    flow: RequestFlow = ROUTE_FLOW,
 ) -> LimitedMiddleware:
     """A client middleware: each attempt takes one slot of `limit` and holds it until the
     response is read in full, released or closed; `retry` (None: one attempt) retries it;
     `adaptive` (an AdaptiveLimit or a controller) moves the limit. Each call asks for `weight`
     of the limit in `flow`: constants, or functions of the `aiohttp.ClientRequest`
-    (`weight=openai_tokens` prices an OpenAI-style body); a weight over the limit is capped."""
+    (`weight=openai_tokens` prices an OpenAI-style body); a weight over the limit is capped.
+    The default flow, ROUTE_FLOW, is that of the request being handled when the call is made."""
     return LimitedMiddleware(
         limit,
         retry=retry,
@@ -75,7 +76,7 @@ class LimitedMiddleware(CallsView):
         adaptive: AdaptiveConfig | AdaptiveController | None = None,
         meter_provider: MeterProvider | None = None,
         weight: RequestWeight = 1,
-        flow: RequestFlow = None,
+        flow: RequestFlow = ROUTE_FLOW,
     ) -> None:
         self.calls: LimitedCalls[_Call, ClientResponse] = LimitedCalls(
             limit,

@@ -44,7 +44,7 @@ from .retry import (
     retry_after_seconds,
     server_says_retry,
 )
-from .weights import CallAsk, RequestFlow, RequestWeight
+from .weights import ROUTE_FLOW, CallAsk, RequestFlow, RequestWeight
 
 __all__ = ["BodyDeadline", "CallsView", "DeadlineExceeded", "Exchange", "LimitedCalls", "Slot"]
 
@@ -193,7 +193,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
         adaptive: AdaptiveConfig | AdaptiveController | None = None,
         meter_provider: MeterProvider | None = None,
         weight: RequestWeight = 1,
-        flow: RequestFlow = None,
+        flow: RequestFlow = ROUTE_FLOW,
     ) -> None:
         if not all(hasattr(limit, name) for name in ("acquire", "try_acquire", "release")):
             raise TypeError(

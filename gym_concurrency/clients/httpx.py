@@ -27,7 +27,7 @@ from .adaptive import AdaptiveConfig
 from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
 from .leaks import guard_slot
 from .retry import RetryPolicy, RetryReason
-from .weights import RequestFlow, RequestWeight
+from .weights import ROUTE_FLOW, RequestFlow, RequestWeight
 
 __all__ = ["DeadlineTimeout", "LimitedTransport"]
 
@@ -47,7 +47,8 @@ class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
     full or the response closed (a streamed body keeps it); `retry` (None: one attempt)
     retries it; `adaptive` (an AdaptiveLimit or a controller) moves the limit. Each call asks
     for `weight` of the limit in `flow`: constants, or functions of the `httpx.Request`
-    (`weight=openai_tokens` prices an OpenAI-style body); a weight over the limit is capped."""
+    (`weight=openai_tokens` prices an OpenAI-style body); a weight over the limit is capped.
+    The default flow, ROUTE_FLOW, is that of the request being handled when the call is made."""
 
     def __init__(
         self,
@@ -58,7 +59,7 @@ class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
         transport: httpx.AsyncBaseTransport | None = None,
         meter_provider: MeterProvider | None = None,
         weight: RequestWeight = 1,
-        flow: RequestFlow = None,
+        flow: RequestFlow = ROUTE_FLOW,
     ) -> None:
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
         self._exchange = _HttpxExchange(self.transport)

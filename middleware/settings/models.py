@@ -27,6 +27,7 @@ from gym_concurrency.names import EXECUTORS, OPERATIONS, check_member
 from gym_concurrency.tokens import DEFAULT_OUTPUT_TOKENS
 
 from .asks import DeadlineSource, FlowSource, WeightSource, check_ask
+from .client_asks import ClientFlowSource, ClientWeightSource, check_client_ask
 from .environment import READ_ENVIRONMENT, EnvironmentSource, environment_values
 from .files import load_mapping
 from .names import (
@@ -251,7 +252,8 @@ class ClientLimit(NumbersAreNumbers):
     """A concurrency limit on the calls this server makes to one upstream (a judge, a model, a
     tool): every attempt takes a slot (docs/clients.md). `timeout_seconds` / `max_queue` bound
     the wait for a slot; `retry` (None: one attempt per call) retries the calls; `adaptive`
-    moves the limit from the upstream's answers, starting at `max_concurrent`."""
+    moves the limit from the upstream's answers, starting at `max_concurrent`; `flow` and
+    `weight`: what each call asks for, unless the code making the client says."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -259,6 +261,9 @@ class ClientLimit(NumbersAreNumbers):
     max_concurrent: int = Field(ge=1)
     timeout_seconds: _Seconds | None = None
     max_queue: int | None = Field(default=None, ge=0)
+    # "route": a call goes in the flow of the request being handled (docs/clients.md).
+    flow: ClientFlowSource = "route"
+    weight: ClientWeightSource = 1
     retry: ClientRetry | None = Field(default_factory=ClientRetry)
     adaptive: AdaptiveLimit | None = None
     scope: LimitScope = "process"  # as RouteLimit.scope
@@ -268,6 +273,7 @@ class ClientLimit(NumbersAreNumbers):
     @model_validator(mode="after")
     def _starts_within_its_adaptive_bounds(self) -> Self:
         _check_adaptive_start(self.adaptive, self.max_concurrent)
+        check_client_ask(self.weight, self.max_concurrent)
         return self
 
 
