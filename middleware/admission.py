@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_concurrency import LimitConfigurationError
 from gym_concurrency.deadline import within_deadline
+from gym_concurrency.flow import within_flow
 
 from .asks import RouteAsk, unread_length
 from .body import QueuedBodies, QueuedRequest
@@ -155,7 +156,7 @@ class ConcurrencyLimitMiddleware:
         send: Send,
     ) -> None:
         """Admit a request for the weight and flow it asks for (its body read ahead, bounded,
-        where they come from the body), as `__call__` does for weight 1 in the default flow."""
+        if they come from it), then run the app within its deadline and flow (its work's)."""
         ahead = None
         body = None
         if ask.reads_body and scope["type"] == "http":
@@ -172,7 +173,7 @@ class ConcurrencyLimitMiddleware:
                     return
             weight, flow = ask(scope, body, unread)
             deadline = ask.deadline(scope)
-            with within_deadline(_deadline_at(scope, deadline)):
+            with within_deadline(_deadline_at(scope, deadline)), within_flow(flow):
                 await self._admit_asking(app, route, (weight, flow), deadline, scope, receive, send)
         finally:
             if ahead is not None:

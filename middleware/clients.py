@@ -1,7 +1,8 @@
 """Configured client limits (`ConcurrencySettings.clients`): each is a limit, its retry policy
 and, if adaptive, the controller moving it, for every httpx transport or aiohttp middleware
 the app builds from it. A reload reaches them all: the limit is resized and the retry policy
-replaced in every transport made so far.
+replaced in every transport made so far (and the weight and flow its calls ask for, where its
+code left them to the settings).
 
     judge = limited_client(app, "judge")
     client = httpx.AsyncClient(base_url=JUDGE_URL, transport=judge.transport())
@@ -15,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.metrics import MeterProvider
 
 from gym_concurrency.clients import RetryPolicy
-from gym_concurrency.clients.weights import RequestFlow, RequestWeight
+from gym_concurrency.clients.weights import CallAsk, RequestFlow, RequestWeight
 from gym_concurrency.limits import Limit
 from gym_concurrency.limits.adaptive import AdaptiveController, make_controller
 
+from .client_asks import CONFIGURED, configured_ask
 from .settings import ClientLimit
 
 if TYPE_CHECKING:
@@ -53,7 +55,11 @@ class LimitedClient:
                 config.max_concurrent,
                 tolerance=adaptive.latency_tolerance,
             )
-        self._calls: weakref.WeakSet[LimitedCalls[Any, Any]] = weakref.WeakSet()
+        # Every transport's calls, with the weight and flow its code gave (None, CONFIGURED:
+        # the settings', which a reload changes).
+        self._calls: weakref.WeakKeyDictionary[LimitedCalls[Any, Any], tuple[Any, Any]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @property
     def limit_name(self) -> str:
@@ -63,54 +69,62 @@ class LimitedClient:
         self,
         transport: httpx.AsyncBaseTransport | None = None,
         *,
-        weight: RequestWeight = 1,
-        flow: RequestFlow = None,
+        weight: RequestWeight | None = None,
+        flow: RequestFlow = CONFIGURED,
     ) -> LimitedTransport:
         """A LimitedTransport (needs httpx) around `transport` (default: a new
         `httpx.AsyncHTTPTransport()`) for `httpx.AsyncClient(transport=...)`; each call asks
-        for `weight` in `flow` (docs/clients.md)."""
+        for `weight` in `flow`, by default the settings' (docs/clients.md)."""
         from gym_concurrency.clients.httpx import LimitedTransport
 
+        asked = configured_ask(self.config, weight, flow)
         made = LimitedTransport(
             self.limit,
             retry=self.retry,
             adaptive=self.controller,
             transport=transport,
             meter_provider=self.meter_provider,
-            weight=weight,
-            flow=flow,
+            weight=asked[0],
+            flow=asked[1],
             deadline_header=self.config.deadline_header,
         )
-        self._calls.add(made.calls)
+        self._calls[made.calls] = (weight, flow)
         return made
 
     def middleware(
-        self, *, weight: RequestWeight = 1, flow: RequestFlow = None
+        self, *, weight: RequestWeight | None = None, flow: RequestFlow = CONFIGURED
     ) -> LimitedMiddleware:
         """An aiohttp client middleware (needs aiohttp) for `ClientSession(middlewares=...)`;
-        each call asks for `weight` in `flow`."""
+        each call asks for `weight` in `flow`, by default the settings'."""
         from gym_concurrency.clients.aiohttp import LimitedMiddleware
 
+        asked = configured_ask(self.config, weight, flow)
         made = LimitedMiddleware(
             self.limit,
             retry=self.retry,
             adaptive=self.controller,
             meter_provider=self.meter_provider,
-            weight=weight,
-            flow=flow,
+            weight=asked[0],
+            flow=asked[1],
             deadline_header=self.config.deadline_header,
         )
-        self._calls.add(made.calls)
+        self._calls[made.calls] = (weight, flow)
         return made
 
     def reconfigure(self, config: ClientLimit) -> None:
         """Take new settings of this limit (a reload): later calls of every transport and
-        middleware made from it are retried by the new policy and send the new deadline header."""
+        middleware made from it are retried by the new policy, send the new deadline header,
+        and ask for the new weight and flow where its code left them to the settings."""
+        asks_changed = (config.weight, config.flow) != (self.config.weight, self.config.flow)
         self.config = config
         self.retry = config.retry.policy() if config.retry else None
-        for calls in list(self._calls):
+        for calls, given in list(self._calls.items()):
             calls.set_retry(self.retry)
             calls.deadline_header = config.deadline_header
+            if asks_changed:
+                capped = calls.ask.capped
+                calls.ask = CallAsk(self.limit, *configured_ask(config, *given))
+                calls.ask.capped = capped
 
     def __repr__(self) -> str:
         return f"<LimitedClient {self.limit_name!r} limit={self.limit!r} retry={self.retry!r}>"

@@ -1,7 +1,8 @@
 """operation_limit: FastAPI dependency handles that run verifier / judge / tool work inside a
 configured OperationLimit through `resources_operation`, timing only the guarded block:
 `async with handle:` takes one slot; `async with handle(weight=..., flow=...):` takes `weight`
-of the limit (capped at its size) in `flow`, served fairly among flows."""
+of the limit (capped at its size) in `flow`, served fairly among flows. The default flow is the
+request's (`RouteLimit.flow`; gym_concurrency.flow), as for outbound calls."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 from starlette.requests import HTTPConnection
 
 from gym_concurrency import ResourcesOperation, resources_operation
+from gym_concurrency.flow import ROUTE_FLOW, flow_or_route
 from gym_concurrency.limits import Limit
 
 from .limits import LIMITS_SCOPE_KEY, ConcurrencyLimits, LimitedOperation
@@ -26,8 +28,8 @@ _OPERATION_NAME = "__gym_concurrency_operation_limit__"
 
 class OperationHandle:
     """A route's handle on one OperationLimit: `async with handle as op:` waits for a slot of
-    the limit (TimeoutError after its `timeout_seconds`) and reports the operation;
-    `async with handle(weight=..., flow=...) as op:` the same for `weight` in `flow`."""
+    the limit in the request's flow (TimeoutError after its `timeout_seconds`) and reports the
+    operation; `async with handle(weight=..., flow=...) as op:` the same for `weight` in `flow`."""
 
     __slots__ = ("_limit", "_meter_provider", "_open")
 
@@ -42,12 +44,14 @@ class OperationHandle:
         """The configured operation limit and its limit."""
         return self._limit
 
-    def operation(self, *, weight: int = 1, flow: Hashable = None) -> Any:
+    def operation(self, *, weight: int = 1, flow: Hashable = ROUTE_FLOW) -> Any:
         """A fresh `resources_operation` on this limit (an async context manager) that takes
         `weight` (an int >= 1, capped at the limit's size when entered) in `flow` (any
-        hashable; None is the default flow). TypeError / ValueError for a bad argument."""
+        hashable; None is the default flow; ROUTE_FLOW, the request's flow now). TypeError /
+        ValueError for a bad argument."""
         config = self._limit.config
         limit: Any = self._limit.limit
+        flow = flow_or_route(flow)
         if flow is not None or weight != 1 or type(weight) is not int:  # True is no weight
             limit = WeighedHold(limit, weight, flow)
         return resources_operation(
@@ -57,7 +61,7 @@ class OperationHandle:
             meter_provider=self._meter_provider,
         )
 
-    def __call__(self, *, weight: int = 1, flow: Hashable = None) -> Any:
+    def __call__(self, *, weight: int = 1, flow: Hashable = ROUTE_FLOW) -> Any:
         """`async with handle(weight=..., flow=...) as op:`: `operation(weight=, flow=)`."""
         return self.operation(weight=weight, flow=flow)
 

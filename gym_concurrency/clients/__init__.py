@@ -1,7 +1,8 @@
 """Limits on the calls a server makes: one slot of a limit per attempt, retries that obey the
 server called, a retry budget and a deadline, for httpx (and so the openai client) and aiohttp.
 Each call may weigh more than one slot and belong to a flow (`weight=`, `flow=`;
-`weight=openai_tokens` prices an OpenAI-style body).
+`weight=openai_tokens` prices an OpenAI-style body); by default a call made while a request is
+handled is in that request's flow (`ROUTE_FLOW`).
 
 `RetryPolicy` needs nothing but this package. `LimitedTransport` (httpx) and
 `limited_middleware` (aiohttp) import their library when first named here, so
@@ -16,7 +17,7 @@ from .bodies import MAX_JSON_BODY_BYTES, json_body, openai_tokens
 from .budget import RetryBudget
 from .calls import DeadlineExceeded
 from .retry import IDEMPOTENT_METHODS, RetryPolicy
-from .weights import RequestFlow, RequestWeight
+from .weights import ROUTE_FLOW, RequestFlow, RequestWeight
 
 if TYPE_CHECKING:
     from .aiohttp import LimitedMiddleware, limited_middleware
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "IDEMPOTENT_METHODS",
     "MAX_JSON_BODY_BYTES",
+    "ROUTE_FLOW",
     "DeadlineExceeded",
     "DeadlineTimeout",
     "LimitedMiddleware",

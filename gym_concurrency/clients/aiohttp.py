@@ -30,7 +30,7 @@ from .adaptive import AdaptiveConfig
 from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
 from .leaks import guard_slot
 from .retry import RetryPolicy, RetryReason
-from .weights import RequestFlow, RequestWeight
+from .weights import ROUTE_FLOW, RequestFlow, RequestWeight
 
 __all__ = ["LimitedMiddleware", "limited_middleware"]
 
@@ -49,7 +49,7 @@ def limited_middleware(
     adaptive: AdaptiveConfig | AdaptiveController | None = None,
     meter_provider: MeterProvider | None = None,
     weight: RequestWeight = 1,
-    flow: RequestFlow = None,
+    flow: RequestFlow = ROUTE_FLOW,
     deadline_header: str | None = None,
 ) -> LimitedMiddleware:
     """A client middleware: each attempt takes one slot of `limit` and holds it until the
@@ -58,7 +58,8 @@ def limited_middleware(
     of the limit in `flow`: constants, or functions of the `aiohttp.ClientRequest`
     (`weight=openai_tokens` prices an OpenAI-style body); a weight over the limit is capped.
     `deadline_header` (None: off) sends what is left of a call's deadline, in milliseconds,
-    on each attempt (e.g. "x-envoy-expected-rq-timeout-ms")."""
+    on each attempt (e.g. "x-envoy-expected-rq-timeout-ms"). The default flow, ROUTE_FLOW,
+    is that of the request being handled when the call is made."""
     return LimitedMiddleware(
         limit,
         retry=retry,
@@ -84,7 +85,7 @@ class LimitedMiddleware(CallsView):
         adaptive: AdaptiveConfig | AdaptiveController | None = None,
         meter_provider: MeterProvider | None = None,
         weight: RequestWeight = 1,
-        flow: RequestFlow = None,
+        flow: RequestFlow = ROUTE_FLOW,
         deadline_header: str | None = None,
     ) -> None:
         self.calls: LimitedCalls[_Call, ClientResponse] = LimitedCalls(

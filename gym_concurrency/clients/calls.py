@@ -46,7 +46,7 @@ from .retry import (
     retry_after_seconds,
     server_says_retry,
 )
-from .weights import CallAsk, RequestFlow, RequestWeight
+from .weights import ROUTE_FLOW, CallAsk, RequestFlow, RequestWeight
 
 __all__ = ["BodyDeadline", "CallsView", "DeadlineExceeded", "Exchange", "LimitedCalls", "Slot"]
 
@@ -202,7 +202,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
         adaptive: AdaptiveConfig | AdaptiveController | None = None,
         meter_provider: MeterProvider | None = None,
         weight: RequestWeight = 1,
-        flow: RequestFlow = None,
+        flow: RequestFlow = ROUTE_FLOW,
         deadline_header: str | None = None,
     ) -> None:
         if not all(hasattr(limit, name) for name in ("acquire", "try_acquire", "release")):

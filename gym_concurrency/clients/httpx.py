@@ -28,7 +28,7 @@ from .adaptive import AdaptiveConfig
 from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
 from .leaks import guard_slot
 from .retry import RetryPolicy, RetryReason
-from .weights import RequestFlow, RequestWeight
+from .weights import ROUTE_FLOW, RequestFlow, RequestWeight
 
 __all__ = ["DeadlineTimeout", "LimitedTransport"]
 
@@ -50,7 +50,8 @@ class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
     for `weight` of the limit in `flow`: constants, or functions of the `httpx.Request`
     (`weight=openai_tokens` prices an OpenAI-style body); a weight over the limit is capped.
     `deadline_header` (None: off) sends what is left of a call's deadline, in milliseconds,
-    on each attempt (e.g. "x-envoy-expected-rq-timeout-ms")."""
+    on each attempt (e.g. "x-envoy-expected-rq-timeout-ms"). The default flow, ROUTE_FLOW,
+    is that of the request being handled when the call is made."""
 
     def __init__(
         self,
@@ -61,7 +62,7 @@ class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
         transport: httpx.AsyncBaseTransport | None = None,
         meter_provider: MeterProvider | None = None,
         weight: RequestWeight = 1,
-        flow: RequestFlow = None,
+        flow: RequestFlow = ROUTE_FLOW,
         deadline_header: str | None = None,
     ) -> None:
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()

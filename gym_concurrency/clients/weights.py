@@ -1,7 +1,8 @@
 """What one outbound call asks of its limit: a `weight` (an int >= 1; default 1) and a `flow`
-(any hashable; default None, the default flow), each a constant or a function of the outgoing
-request (an `httpx.Request`, or the `aiohttp.ClientRequest` the middleware sees), called once
-per call, before its first attempt.
+(any hashable; None is the default flow), each a constant or a function of the outgoing request
+(an `httpx.Request`, or the `aiohttp.ClientRequest` the middleware sees), called once per call,
+before its first attempt. The default flow, `ROUTE_FLOW`, is the flow of the request being
+handled when the call is made (gym_concurrency.flow), the default flow outside one.
 
 `weight=openai_tokens` (from gym_concurrency.clients, or gym_concurrency.tokens: either is
 taken as the request pricer) prices an OpenAI-style JSON body in tokens. A callable flow is
@@ -18,16 +19,18 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from .. import json_numbers, tokens
+from ..flow import ROUTE_FLOW, request_flow
 from ..limits import Limit
 from ..safe_urls import safe_url
 from . import bodies
 
-__all__ = ["CallAsk", "RequestFlow", "RequestWeight"]
+__all__ = ["ROUTE_FLOW", "CallAsk", "RequestFlow", "RequestWeight"]
 
 RequestWeight = int | Callable[[Any], int]
 """`weight=`: an int >= 1, or a function of the outgoing request returning one."""
 RequestFlow = Hashable | Callable[[Any], Hashable]
-"""`flow=`: a hashable (None: the default flow), or a function of the outgoing request."""
+"""`flow=`: a hashable (None: the default flow; ROUTE_FLOW: the request's), or a function of
+the outgoing request."""
 
 _log = logging.getLogger("gym_concurrency.clients")
 
@@ -38,7 +41,9 @@ class CallAsk:
 
     __slots__ = ("_flow", "_flow_of", "_limit", "_weight", "_weight_of", "capped")
 
-    def __init__(self, limit: Limit, weight: RequestWeight = 1, flow: RequestFlow = None) -> None:
+    def __init__(
+        self, limit: Limit, weight: RequestWeight = 1, flow: RequestFlow = ROUTE_FLOW
+    ) -> None:
         self._limit = limit
         if weight is tokens.openai_tokens:  # it prices a parsed body: price the request's
             weight = bodies.openai_tokens
@@ -57,14 +62,17 @@ class CallAsk:
         self.capped = 0  # attempts whose weight was more than the limit, capped at it
 
     def of(self, request: Any) -> tuple[int, Hashable]:
-        """(weight, flow) of the call sending `request`; TypeError / ValueError naming the
-        function if one returns something that is not a weight (an int >= 1) or a flow (a
-        hashable). What a function raises reaches the caller as it raised it."""
+        """(weight, flow) of the call sending `request` (ROUTE_FLOW: the flow of the request
+        being handled now); TypeError / ValueError naming the function if one returns
+        something that is not a weight (an int >= 1) or a flow (a hashable). What a function
+        raises reaches the caller as it raised it."""
         weight, flow = self._weight, self._flow
         if self._weight_of is not None:
             weight = _checked_weight(self._weight_of(request), self._weight_of, request)
         if self._flow_of is not None:
             flow = _checked_flow(self._flow_of(request), self._flow_of, request)
+        elif flow is ROUTE_FLOW:
+            flow = request_flow()
         return weight, flow
 
     def capped_weight(self, weight: int) -> int:

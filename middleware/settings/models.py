@@ -27,6 +27,12 @@ from gym_concurrency.names import EXECUTORS, OPERATIONS, check_member
 from gym_concurrency.tokens import DEFAULT_OUTPUT_TOKENS
 
 from .asks import DeadlineHeader, DeadlineSource, FlowSource, WeightSource, check_ask
+from .client_asks import (
+    ClientFlowSource,
+    ClientWeightSource,
+    check_client_ask,
+    check_client_flow_headers,
+)
 from .credentials import (
     CredentialHeaders,
     FlowKey,
@@ -258,7 +264,8 @@ class ClientLimit(NumbersAreNumbers):
     """A concurrency limit on the calls this server makes to one upstream (a judge, a model, a
     tool): every attempt takes a slot (docs/clients.md). `timeout_seconds` / `max_queue` bound
     the wait for a slot; `retry` (None: one attempt per call) retries the calls; `adaptive`
-    moves the limit from the upstream's answers, starting at `max_concurrent`;
+    moves the limit from the upstream's answers, starting at `max_concurrent`; `flow` and
+    `weight`: what each call asks for, unless the code making the client says;
     `deadline_header` (None: off) sends each attempt what is left of the call's deadline."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -267,6 +274,9 @@ class ClientLimit(NumbersAreNumbers):
     max_concurrent: int = Field(ge=1)
     timeout_seconds: _Seconds | None = None
     max_queue: int | None = Field(default=None, ge=0)
+    # "route": a call goes in the flow of the request being handled (docs/clients.md).
+    flow: ClientFlowSource = "route"
+    weight: ClientWeightSource = 1
     retry: ClientRetry | None = Field(default_factory=ClientRetry)
     adaptive: AdaptiveLimit | None = None
     scope: LimitScope = "process"  # as RouteLimit.scope
@@ -277,6 +287,7 @@ class ClientLimit(NumbersAreNumbers):
     @model_validator(mode="after")
     def _starts_within_its_adaptive_bounds(self) -> Self:
         _check_adaptive_start(self.adaptive, self.max_concurrent)
+        check_client_ask(self.weight, self.max_concurrent)
         return self
 
 
@@ -342,6 +353,7 @@ class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
             check_client_names(self.clients, self.operations, self.routes)
             _check_global_limits(self)
             check_flow_labels(self.flow_labels, self.flow_key)
+            check_client_flow_headers(self.clients, self.credential_headers)
         except ValueError as error:
             if self.flow_key is None:
                 raise

@@ -1,0 +1,72 @@
+"""What the calls of a configured client ask of its limit: `ClientLimit.weight` and
+`ClientLimit.flow` as the `weight=` / `flow=` of a transport or middleware made from it, unless
+the code that makes it gives its own.
+
+Flows: `route` (ROUTE_FLOW: the flow of the request being handled when the call is made),
+`none` (the default flow) or `header:<name>` (that header of the outgoing request, cut to
+MAX_FLOW_CHARACTERS). Weights: an int, or `openai_tokens` (the outgoing body, in tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any, Final
+
+from gym_concurrency.clients import openai_tokens
+from gym_concurrency.clients.weights import RequestFlow, RequestWeight
+from gym_concurrency.flow import ROUTE_FLOW
+
+from .asks import MAX_FLOW_CHARACTERS
+from .settings import ClientLimit
+
+__all__ = ["CONFIGURED", "HeaderFlow", "configured_ask"]
+
+
+class _Configured:
+    """The type of CONFIGURED: one instance, named in reprs."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "CONFIGURED"
+
+
+CONFIGURED: Final = _Configured()
+"""`flow=CONFIGURED` (the default of `transport()` / `middleware()`): what the settings say."""
+
+
+def configured_ask(
+    config: ClientLimit, weight: RequestWeight | None, flow: RequestFlow
+) -> tuple[RequestWeight, RequestFlow]:
+    """The (weight, flow) a client made with `weight` (None: the settings') and `flow`
+    (CONFIGURED: the settings') asks for."""
+    if weight is None:
+        weight = openai_tokens if config.weight == "openai_tokens" else int(config.weight)
+    if flow is CONFIGURED:
+        source = config.flow
+        if source == "route":
+            flow = ROUTE_FLOW
+        elif source == "none":
+            flow = None
+        else:
+            flow = HeaderFlow(source.removeprefix("header:"))
+    return weight, flow
+
+
+class HeaderFlow:
+    """`flow: header:<name>`: that header of the outgoing request (httpx or aiohttp), cut to
+    MAX_FLOW_CHARACTERS with NUL replaced (as a global limit needs); None without it."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, request: Any) -> Hashable:
+        value = request.headers.get(self.name)
+        if not isinstance(value, str) or not value:
+            return None
+        return value[:MAX_FLOW_CHARACTERS].replace("\0", "\ufffd")
+
+    def __repr__(self) -> str:
+        return f"header:{self.name}"
