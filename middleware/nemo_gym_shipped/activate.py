@@ -63,7 +63,10 @@ def install() -> bool:
 def _say_info() -> None:
     """Let the opt-in's INFO lines (where its limits are exported, and why) through: NeMo Gym's
     processes log at WARNING unless told otherwise. A level the user set is kept."""
-    if _LOGGER.level == logging.NOTSET and logging.getLogger("gym_concurrency").level == 0:
+    if (
+        _LOGGER.level == logging.NOTSET
+        and logging.getLogger("gym_concurrency").level == logging.NOTSET
+    ):
         _LOGGER.setLevel(logging.INFO)
 
 
