@@ -4,21 +4,15 @@ Prometheus scrape of /metrics, or pushes it over OTLP/HTTP to a receiver in the 
 
 from __future__ import annotations
 
-import gzip
 import re
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-)
 
+from tests.otlp_receiver import OtlpReceiver
 from tests.uvicorn_process import ROOT, clean_env, uvicorn
 
 PAGES = [ROOT / "README.md", ROOT / "docs" / "metrics.md"]
@@ -57,55 +51,10 @@ def test_the_prometheus_block_serves_metrics(tmp_path: Path, page: Path):
     assert 'nemo_gym_server_name="math_env"' in limit[0]
 
 
-class OtlpReceiver:
-    """An OTLP/HTTP metrics endpoint that decodes what it is sent."""
-
-    def __init__(self) -> None:
-        self.requests: list[ExportMetricsServiceRequest] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                if self.path == "/v1/metrics":
-                    receiver.requests.append(ExportMetricsServiceRequest.FromString(body))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def limits(self) -> dict[str, float]:
-        """The last gym.concurrency.limit point per limit name."""
-        found = {}
-        for request in list(self.requests):
-            for resource in request.resource_metrics:
-                for scope in resource.scope_metrics:
-                    for metric in scope.metrics:
-                        if metric.name != "gym.concurrency.limit":
-                            continue
-                        for point in metric.sum.data_points:
-                            attributes = {a.key: a.value.string_value for a in point.attributes}
-                            name = attributes["nemo.gym.concurrency.limit_name"]
-                            found[name] = point.as_int or point.as_double
-        return found
-
-
 @pytest.fixture
 def receiver() -> Iterator[OtlpReceiver]:
-    otlp = OtlpReceiver()
-    otlp._thread.start()
-    yield otlp
-    otlp.server.shutdown()
-    otlp.server.server_close()
+    with OtlpReceiver() as otlp:
+        yield otlp
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

@@ -51,12 +51,23 @@ def install() -> bool:
             flush=True,
         )
         return False
+    _say_info()
     sys.meta_path.insert(0, _PatchingFinder())
     for name, patch in PATCHES.items():
         module = sys.modules.get(name)
         if module is not None:
             _apply(name, patch, module)
     return True
+
+
+def _say_info() -> None:
+    """Let the opt-in's INFO lines (where its limits are exported, and why) through: NeMo Gym's
+    processes log at WARNING unless told otherwise. A level the user set is kept."""
+    if (
+        _LOGGER.level == logging.NOTSET
+        and logging.getLogger("gym_concurrency").level == logging.NOTSET
+    ):
+        _LOGGER.setLevel(logging.INFO)
 
 
 def _nemo_gym_version() -> str | None:

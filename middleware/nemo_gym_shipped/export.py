@@ -1,6 +1,7 @@
 """Where the shipped limits are exported: through NeMo Gym's own telemetry when it exports
 (its SDK MeterProvider is the global one, which the observer reports every named limit through
-with no call), else as this process's own, once per process.
+with no call), else as this process's own, once per process. Either way one INFO line says
+which, and when NeMo Gym's telemetry exports nothing, why (`nemo_telemetry.why_not_exporting`).
 
 Ours follows `GYM_CONCURRENCY_NEMO_GYM_EXPORTER`, a comma list of:
 - `console_line` (the default): the seed PR's console line on stderr (`console_lines.py`);
@@ -22,6 +23,7 @@ from typing import Any
 from gym_concurrency import observe_concurrency
 
 from .console_lines import ConsoleLines
+from .nemo_telemetry import why_not_exporting
 
 __all__ = ["EXPORTER_VARIABLE", "ensure_export", "nemo_gym_exports"]
 
@@ -40,22 +42,37 @@ def nemo_gym_exports() -> bool:
     return bool(is_metrics_exporter_active())
 
 
-def ensure_export() -> None:
+def ensure_export(owner: str) -> None:
     """Export this process's limits: nothing to do when NeMo Gym's telemetry exports (the
-    global provider reports them), else ours, once. Never raises."""
+    global provider reports them), else ours, once. Says which at INFO, naming `owner` (the
+    server, or the rollout driver). Never raises."""
     with _lock:
         if _done:
             return
         _done.append(True)
     if nemo_gym_exports():
+        _LOGGER.info(
+            "gym_concurrency: %s's limits are exported through NeMo Gym's telemetry (its "
+            "exporter and resource)",
+            owner,
+        )
         return
     try:
-        _start_own()
+        instead = _start_own()
     except Exception:  # a telemetry failure must never stop a server or a run
         _LOGGER.exception("gym_concurrency: could not set up the limits' exporter")
+        return
+    _LOGGER.info(
+        "gym_concurrency: NeMo Gym's telemetry exports nothing in %s's process (%s); its "
+        "limits are exported by gym-concurrency instead: %s",
+        owner,
+        why_not_exporting(),
+        instead,
+    )
 
 
-def _start_own() -> None:
+def _start_own() -> str:
+    """Start the exporters EXPORTER_VARIABLE names; what they are, in words."""
     wanted = os.environ.get(EXPORTER_VARIABLE, "console_line")
     names = {name.strip() for name in wanted.split(",")} - {"", "none"}
     unknown = names - {"console_line", "console", "otlp"}
@@ -67,6 +84,9 @@ def _start_own() -> None:
     sdk = names & {"console", "otlp"}
     if sdk:
         observe_concurrency(_sdk_provider(sdk, interval))
+    if not names:
+        return f"none ({EXPORTER_VARIABLE}={wanted})"
+    return f"{', '.join(sorted(names))} every {interval:g} s ({EXPORTER_VARIABLE})"
 
 
 def _sdk_provider(names: set[str], interval: float) -> Any:

@@ -4,6 +4,10 @@ wraps NeMo Gym's own function rather than copying it.
 
 - `nemo_gym.rollout_collection.Semaphore` -> `RolloutsSemaphore`: the driver's
   `num_samples_in_parallel` limit is `rollouts` (component `rollout_driver`).
+- `RolloutCollectionHelper.run_from_config`: NeMo Gym's telemetry is started first, as its
+  config says (`nemo_telemetry.start_in_driver`; `gym eval run` never starts it).
+- `nemo.lens.semconv`: the two names NeMo Gym 0.7.0 imports from it and nemo-lens 0.1.0 lacks
+  (`nemo_telemetry.supply_semconv_names`), so that its telemetry starts with that nemo-lens.
 - `SimpleServer.setup_telemetry` (run by `run_webserver` after the server is built, before its
   app): the server's own limits become MeteredSemaphores (`limits.RULES`, and `episodes` below),
   then this process exports them (`export.ensure_export`).
@@ -26,6 +30,7 @@ from typing import Any
 
 from .export import ensure_export
 from .limits import EPISODES, ROLLOUTS, LimitRefusedError, ShippedSemaphore, instrument_server
+from .nemo_telemetry import DRIVER_NAME, start_in_driver, supply_semconv_names
 from .refusals import exception_handler, handled_failure
 
 __all__ = ["PATCHES", "RolloutsSemaphore"]
@@ -45,11 +50,21 @@ class RolloutsSemaphore(ShippedSemaphore):
     def __init__(self, value: int = 1) -> None:
         super().__init__(value, component="rollout_driver", limit_name=ROLLOUTS)
         _ROLLOUTS.append(self)
-        ensure_export()
+        start_in_driver()  # (already started by run_from_config, unless a driver skipped it)
+        ensure_export(DRIVER_NAME)
 
 
 def patch_rollout_collection(module: ModuleType) -> None:
     setattr(module, "Semaphore", RolloutsSemaphore)  # noqa: B010 (a module's global)
+    helper_class = module.RolloutCollectionHelper
+    run_from_config = helper_class.run_from_config
+
+    @functools.wraps(run_from_config)
+    async def with_telemetry(self: Any, config: Any) -> Any:
+        start_in_driver()  # before NeMo Gym decides on its run-wide `gym.job` span
+        return await run_from_config(self, config)
+
+    helper_class.run_from_config = with_telemetry
 
 
 def patch_server_utils(module: ModuleType) -> None:
@@ -61,7 +76,7 @@ def patch_server_utils(module: ModuleType) -> None:
     def instrumented_setup_telemetry(self: Any) -> None:
         setup_telemetry(self)
         _instrument(self)
-        ensure_export()
+        ensure_export(self.config.name)
 
     @functools.wraps(setup_exception_middleware)
     def with_refusals(self: Any, app: Any) -> None:
@@ -138,4 +153,5 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "nemo_gym.rollout_collection": patch_rollout_collection,
     "nemo_gym.server_utils": patch_server_utils,
     "nemo_gym.base_environment_server": patch_base_environment_server,
+    "nemo.lens.semconv": supply_semconv_names,
 }

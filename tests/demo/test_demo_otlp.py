@@ -3,20 +3,14 @@ and an unreachable collector that no request notices."""
 
 from __future__ import annotations
 
-import gzip
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from demo_processes import demo, example_settings, fake_model, free_port, wait_for
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-    ExportMetricsServiceResponse,
-)
+
+from tests.otlp_receiver import OtlpReceiver
 
 EPISODE = {
     "episode_id": "e-1",
@@ -38,70 +32,6 @@ OPERATIONS = {
     "gym.resources.operation.queued",
     "gym.resources.operation.active",
 }
-
-
-class OtlpReceiver:
-    """An OTLP/HTTP metrics endpoint: decodes every export request it is sent."""
-
-    def __init__(self) -> None:
-        self.requests: list[ExportMetricsServiceRequest] = []
-        self.paths: list[str] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                receiver.paths.append(self.path)
-                if self.path == "/v1/metrics":
-                    receiver.requests.append(ExportMetricsServiceRequest.FromString(body))
-                answer = ExportMetricsServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> OtlpReceiver:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def points(self) -> dict[str, list[tuple[dict[str, Any], Any]]]:
-        """metric name -> (attributes, data point) for every point received so far."""
-        found: dict[str, list[tuple[dict[str, Any], Any]]] = {}
-        for request in list(self.requests):
-            for resource_metrics in request.resource_metrics:
-                for scope_metrics in resource_metrics.scope_metrics:
-                    for metric in scope_metrics.metrics:
-                        kind = metric.WhichOneof("data")
-                        for point in getattr(metric, kind).data_points:
-                            found.setdefault(metric.name, []).append(
-                                (_attributes(point.attributes), point)
-                            )
-        return found
-
-    def resources(self) -> list[dict[str, Any]]:
-        return [
-            _attributes(rm.resource.attributes)
-            for request in list(self.requests)
-            for rm in request.resource_metrics
-        ]
-
-
-def _attributes(key_values: Any) -> dict[str, Any]:
-    return {kv.key: getattr(kv.value, kv.value.WhichOneof("value")) for kv in key_values}
 
 
 @pytest.fixture

@@ -76,10 +76,15 @@ def write_tasks(path: Path, count: int) -> None:
 SECTION = "NeMo Gym as shipped"
 
 
-def doc_gym_args(subcommand: str) -> list[str]:
-    """The words of the section's `gym-concurrency-nemo-gym gym <subcommand> ...` command."""
+def doc_gym_args(subcommand: str, telemetry: bool = False) -> list[str]:
+    """The words of the section's `gym-concurrency-nemo-gym gym <subcommand> ...` command: the
+    one with NeMo Gym's own telemetry (`telemetry.yaml` in its config_paths) or the other."""
     prefix = f"gym-concurrency-nemo-gym gym {subcommand} "
-    [command] = [c for c in doc_commands(SECTION) if c.startswith(prefix)]
+    [command] = [
+        c
+        for c in doc_commands(SECTION)
+        if c.startswith(prefix) and ("telemetry.yaml" in c) == telemetry
+    ]
     return shlex.split(command)
 
 
@@ -87,12 +92,13 @@ def doc_gym_args(subcommand: str) -> list[str]:
 class ShippedStack:
     """The section's own commands, from a copy of the checkout's examples/ in `folder`: link the
     venvs, then `gym-concurrency-nemo-gym gym env start` (without the console script unless
-    `opt_in`), its policy_base_url replaced, on a free head-server port, `config` (Hydra
-    overrides) after the doc's."""
+    `opt_in`; the one with NeMo Gym's own telemetry if `telemetry`), its policy_base_url
+    replaced, on a free head-server port, `config` (Hydra overrides) after the doc's."""
 
     folder: Path
     policy_base_url: str
     opt_in: bool = True
+    telemetry: bool = False
     config: list[str] = field(default_factory=list)
     interval_ms: int = 200  # how often each process writes its console lines
     head_port: int = field(default_factory=free_port)
@@ -136,7 +142,7 @@ class ShippedStack:
             assert (self.stack / "venvs" / server / ".venv" / "bin" / "python").exists()
         with (self.folder / "gym-env-start.log").open("wb") as log:
             self.process = subprocess.Popen(
-                self.command(doc_gym_args("env start")),
+                self.command(doc_gym_args("env start", self.telemetry)),
                 cwd=self.stack,
                 env=self.env(),
                 stdout=log,
@@ -169,7 +175,7 @@ class ShippedStack:
     def eval_run(self, tasks: Path, output: str, *args: str, timeout: float = 600) -> EvalRun:
         """The section's `gym eval run` of `tasks` into `output`, `args` replacing its own
         (`--concurrency N`) or added (`--resume`)."""
-        words = doc_gym_args("eval run")
+        words = doc_gym_args("eval run", self.telemetry)
         words[words.index("--input") + 1] = str(tasks)
         words[words.index("--output") + 1] = output
         extra = list(args)

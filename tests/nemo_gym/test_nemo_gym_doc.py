@@ -124,6 +124,7 @@ def test_every_file_shown_is_the_example_file():
     assert set(shown) == {
         *(f"examples/nemo_gym/{folder}/app.py" for folder in SERVERS.values()),
         "examples/nemo_gym/stack.yaml",
+        "examples/nemo_gym/shipped/telemetry.yaml",
     }
     for path, text in shown.items():
         assert text == (ROOT / path).read_text(), f"{path} differs from the doc's block"
@@ -132,12 +133,17 @@ def test_every_file_shown_is_the_example_file():
 def test_every_code_block_is_a_file_or_run_here():
     files = set(shown_files().values())
     others = [block for block in blocks("python") + blocks("yaml") if block not in files]
-    [operation_limit_example] = others  # run by test_the_resources_server_limits_verify
-    assert "class MathResourcesServer(" in operation_limit_example
-    assert len(blocks("text")) == 3  # the two tests below, and test_shipped.py's
-    assert text_block("ServerErrorMiddleware")
+    [nemo_gym_import, operation_limit_example] = others
+    assert "class MathResourcesServer(" in operation_limit_example  # run below
+    # The import NeMo Gym's telemetry makes, as its wheel has it.
+    import nemo_gym.telemetry.setup
+
+    assert f"            {nemo_gym_import}" in Path(nemo_gym.telemetry.setup.__file__).read_text()
+    assert len(blocks("text")) == 4  # the two tests below, test_shipped.py's and
+    assert text_block("ServerErrorMiddleware")  # test_shipped_telemetry.py's
     assert text_block("gym_concurrency: route /run")
     assert text_block("driver [rollout_driver, rollouts]")
+    assert text_block("INFO:gym_concurrency.nemo_gym:")
 
 
 @pytest.mark.timeout(INSTALL_SECONDS + 120)

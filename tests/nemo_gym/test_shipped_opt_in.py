@@ -134,3 +134,99 @@ def test_the_seeds_console_line(
     label: tuple[str, str, str | None], values: dict[str, int], line: str
 ) -> None:
     assert console_line(label, values) == line
+
+
+# NeMo Gym's own telemetry in one process, and what the opt-in says of it (its INFO line).
+TELEMETRY_PROBE = textwrap.dedent(
+    """
+    import logging, sys
+    {before}
+    from nemo_gym.telemetry.setup import init_telemetry, is_metrics_exporter_active
+    init_telemetry(server_name="probe", server_type="probe")
+    print("exporting:", is_metrics_exporter_active())
+    from gym_concurrency.middleware.nemo_gym_shipped.export import ensure_export
+    from gym_concurrency import MeteredSemaphore
+    limit = MeteredSemaphore(2, component="probe", limit_name="probe")
+    ensure_export("probe")
+    """
+)
+ENABLED = {
+    "NEMO_GYM_OTEL_ENABLED": "1",
+    "NEMO_GYM_OTEL_EXPORTER": "console",
+    "NEMO_GYM_OTEL_TRACES_ENABLED": "0",
+    "OTEL_METRIC_EXPORT_INTERVAL": "600000",
+}
+
+
+@needs_nemo_gym
+@pytest.mark.parametrize(
+    ("variables", "before", "said"),
+    [
+        ({}, "", "exports nothing in probe's process (it is not enabled: no `telemetry:"),
+        (
+            ENABLED | {"NEMO_GYM_OTEL_METRICS_ENABLED": "0"},
+            "",
+            "exports nothing in probe's process (its metrics are off",
+        ),
+        (  # nemo-lens unimportable, as where it is not installed
+            ENABLED,
+            "sys.modules['nemo.lens'] = None",
+            "exports nothing in probe's process (it is enabled, but nemo-lens is not installed",
+        ),
+        (ENABLED, "", "probe's limits are exported through NeMo Gym's telemetry"),
+    ],
+)
+def test_where_the_limits_go_is_said_at_info(
+    variables: dict[str, str], before: str, said: str
+) -> None:
+    probe = TELEMETRY_PROBE.format(before=before)
+    out = run([WRAPPER, sys.executable, "-c", probe], clean_env() | variables)
+    [line] = [
+        line for line in out.splitlines() if "gym_concurrency.nemo_gym" in line and said in line
+    ]
+    assert line.startswith("INFO:gym_concurrency.nemo_gym:gym_concurrency: ")
+    assert ("exporting: True" in out) == ("exported through NeMo Gym's" in said)
+    if "exports nothing" in said:  # and what instead: ours, the default console lines
+        assert "; its limits are exported by gym-concurrency instead: console_line every" in line
+
+
+@needs_nemo_gym
+def test_nemo_gym_needs_the_two_names_nemo_lens_lacks() -> None:
+    # As shipped: NeMo Gym 0.7.0's telemetry does not start with nemo-lens 0.1.0, and says so
+    # only at DEBUG, as "not installed".
+    probe = "import logging; logging.basicConfig(level=logging.DEBUG)\n" + TELEMETRY_PROBE.format(
+        before=""
+    ).replace("from gym_concurrency", "sys.exit()  # ours not imported\nfrom gym_concurrency")
+    out = run([sys.executable, "-c", probe], clean_env() | ENABLED)
+    assert "exporting: False" in out
+    assert "DEBUG:nemo_gym.telemetry.setup:nemo-lens is not installed" in out
+    semconv = "import nemo.lens.semconv as s; print(hasattr(s, 'NV_DL_RANK'), s.DL_RANK)"
+    assert run([sys.executable, "-c", semconv], clean_env()).split() == ["False", "dl.rank"]
+    # Under the opt-in: the names, with nemo-lens's values, said at INFO; and it exports.
+    out = run(
+        [WRAPPER, sys.executable, "-c", TELEMETRY_PROBE.format(before="")], clean_env() | ENABLED
+    )
+    assert "exporting: True" in out
+    assert (
+        "INFO:gym_concurrency.nemo_gym:gym_concurrency: nemo-lens 0.1.0 lacks NV_DL_RANK, "
+        "NV_DL_WORLD_SIZE, which NeMo Gym 0.7.0's telemetry imports; supplied with nemo-lens's "
+        "own values (NV_DL_RANK='nv.dl.rank', NV_DL_WORLD_SIZE='nv.dl.world_size')"
+    ) in out
+    # NeMo Gym's console exporter's last export (at exit): the limit, with NeMo Gym's resource.
+    assert '"name": "gym.concurrency.limit"' in out
+    assert '"nv.dl.rank": 0' in out
+
+
+@needs_nemo_gym
+def test_a_semconv_name_nemo_lens_has_is_never_replaced() -> None:
+    # A nemo-lens that has NV_DL_RANK keeps its value; only the missing name is added.
+    probe = textwrap.dedent(
+        """
+        import nemo.lens.semconv as semconv
+        semconv.NV_DL_RANK = "its.own.rank"
+        import nemo_gym.telemetry.setup  # the opt-in's hook: patches what is imported already
+        print(semconv.NV_DL_RANK, semconv.NV_DL_WORLD_SIZE)
+        """
+    )
+    out = run([WRAPPER, sys.executable, "-c", probe], clean_env())
+    assert "its.own.rank nv.dl.world_size" in out.splitlines()
