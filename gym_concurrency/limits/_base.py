@@ -9,6 +9,7 @@ A kind of limit subclasses `LimitBase` and provides the slots (`limit`, `active`
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Hashable
 from typing import ClassVar, Literal
@@ -30,6 +31,8 @@ from .limit import (
 from .registry import register
 
 __all__ = ["LimitBase", "check_count", "check_seconds"]
+
+_log = logging.getLogger("gym_concurrency.limits")
 
 
 class LimitBase:
@@ -59,6 +62,7 @@ class LimitBase:
         self._timeouts = 0
         self._cancelled = 0
         self._shed = 0
+        self._capped = 0
 
     def _register(self) -> None:
         """List this limit for the observer and the status view, if it is named."""
@@ -106,6 +110,26 @@ class LimitBase:
     def admission_shed(self) -> int:
         """Admissions refused at once because the queue was full (monotonic)."""
         return self._shed
+
+    @property
+    def admission_capped(self) -> int:
+        """Waiters admitted at less weight than they asked for: heavier than the size the
+        limit shrank to under them, they took all of it (monotonic)."""
+        return self._capped
+
+    def _count_capped(self, asked: int, granted: int) -> None:
+        """A waiter that asked `asked` was admitted at `granted`, the limit's size now: counted,
+        and the first of this limit logged."""
+        if not self._capped:
+            _log.warning(
+                "gym_concurrency: %s: a waiter asking for weight %d was admitted at %d, the size "
+                "the limit shrank to under it (counted in admission_capped, and logged only "
+                "this once)",
+                self._describe(),
+                asked,
+                granted,
+            )
+        self._capped += 1
 
     @property
     def scope(self) -> LimitScope:

@@ -12,6 +12,7 @@ from ..deadline import deadline_remaining, request_deadline
 from ._base import LimitBase, check_count
 from ._own_deadlines import OwnDeadlinesMixin
 from .backfill import BackfillMixin, check_backfill_seconds
+from .caps import CappedHolds
 from .deadlines import OwnDeadlines
 from .flows import Ask, FlowQueues, FlowStatistics, Waiting
 from .limit import Admission
@@ -83,6 +84,7 @@ class MeteredSemaphore(BackfillMixin, OwnDeadlinesMixin, LimitBase, asyncio.Boun
         # Until they have, no later acquire takes weight at once, as in asyncio.Semaphore: a
         # task that releases and re-acquires runs after the waiters it handed slots to.
         self._handed: dict[Waiter, Ask | None] = {}
+        self._caps = CappedHolds()  # holders admitted at a shrunk limit's size, below their ask
         # Made when a waiter first brings a deadline of its own (deadlines.py).
         self._deadlines: OwnDeadlines | None = None
         self._register()
@@ -281,6 +283,8 @@ class MeteredSemaphore(BackfillMixin, OwnDeadlinesMixin, LimitBase, asyncio.Boun
                 raise self._not_held(weight, flow)
         else:
             self._check_weight(weight, limit=False)
+            if self._caps:  # it may have been granted less than it asked (and releases)
+                weight = self._caps.release(flow, weight)
             if self._held_by(flow) < weight:
                 raise self._not_held(weight, flow)
             if flow is not None:  # `_active` first: see flow_statistics()
@@ -323,7 +327,8 @@ class MeteredSemaphore(BackfillMixin, OwnDeadlinesMixin, LimitBase, asyncio.Boun
 
     def resize(self, limit: int) -> None:
         """Set the capacity: growing admits waiters at once; shrinking never revokes held
-        weight (`active` may exceed `limit` until releases drain it)."""
+        weight (`active` may exceed `limit` until releases drain it), and a waiter heavier
+        than the new size is admitted at it once it frees (see `_admit_fairly`). 0 pauses."""
         check_count(type(self).__name__, "value", limit)
         self._limit = limit
         self._admit_waiters()
@@ -356,13 +361,19 @@ class MeteredSemaphore(BackfillMixin, OwnDeadlinesMixin, LimitBase, asyncio.Boun
             chosen = self._next or self._flows.choose()
             if chosen is None:
                 return
-            if self._active + chosen.weight > self._limit:
+            # Heavier than a limit shrunk under it, it is capped at the size (>= 1 here: a
+            # limit of 0 admits nobody): else it could never fit, nor be passed.
+            weight = min(chosen.weight, self._limit)
+            if self._active + weight > self._limit:
                 fresh, self._next = self._next is None, chosen  # freed capacity is held for it
                 if self._backfill_seconds:  # opt-in: lighter waiters pass it for a while
                     self._backfill(chosen, fresh)
                 return
             self._next = None
-            self._hand(chosen.waiter, chosen.weight, chosen.flow)
+            if self._hand(chosen.waiter, weight, chosen.flow) and weight < chosen.weight:
+                self._handed[chosen.waiter] = (chosen.weight, chosen.flow)  # what it releases
+                self._caps.add(chosen.flow, chosen.weight, weight)
+                self._count_capped(chosen.weight, weight)
 
     def _hand(self, waiter: Waiter, weight: int, flow: Hashable) -> bool:
         """Admit the queued `waiter` (True), unless it left or its own deadline passed."""

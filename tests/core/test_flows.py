@@ -185,22 +185,6 @@ async def test_max_queue_holds_while_capacity_is_held_for_a_heavy_waiter() -> No
     heavy.cancel()
 
 
-async def test_a_shrunk_limit_keeps_a_heavy_waiter_waiting() -> None:
-    sem = MeteredSemaphore(4)
-    await sem.acquire(weight=1)
-    heavy = asyncio.ensure_future(sem.acquire(weight=4))
-    await settle()
-    sem.resize(2)
-    sem.release()
-    await settle()
-    assert not heavy.done()
-    assert sem.queue_depth == 1
-    sem.resize(4)
-    await settle()
-    assert heavy.done()
-    assert sem.active == 4
-
-
 @pytest.mark.parametrize(
     ("call", "error", "message"),
     [

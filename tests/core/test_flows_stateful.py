@@ -1,7 +1,7 @@
 """A hypothesis state machine over weights and flows: random interleavings of acquires (each with
 a weight and a flow, through `acquire()` and through `enqueue()` / `leave()`), releases,
-cancellations (also of a waiter handed weight in that same step), timeouts and resizes, with and
-without bounded backfill (`backfill_seconds`).
+cancellations (also of a waiter handed weight in that same step), timeouts and resizes (also
+below a queued waiter's weight), with and without bounded backfill (`backfill_seconds`).
 
 Beside the semaphore runs a model written for reading, not speed: waiters in a list, the next
 one found by a scan. After every step the semaphore's holders are exactly the model's, which
@@ -11,7 +11,10 @@ waiting) and the waiter chosen is never passed, nothing leaks, every failure is 
 With backfill, the model admits past a blocked waiter chosen next exactly those the rule allows
 (the first `BACKFILL_SCAN` others in arrival order that fit, while it has been blocked less than
 `backfill_seconds`): held weight stays within the limit, flows hold what their holders took,
-nothing leaks; the fair order holds for every waiter not admitted by backfill.
+nothing leaks; the fair order holds for every waiter not admitted by backfill. A waiter heavier
+than a limit shrunk under it is admitted at the limit's size (counted once) and gives back what
+it was granted when it releases what it asked for: the queue always moves (no waiter waits on
+an idle limit but a paused one, of size 0) and `active` never goes below what is held.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Attempt:
     flow: Hashable
     arrival: int
     deadline: float | None
+    granted: int = 0  # the weight admitted with: `weight`, or a shrunk limit's size
     outcome: str | None = None  # as the task saw it: admitted, timeout, shed, invalid, cancelled
     holding: bool = False
     done: bool = False
@@ -105,20 +109,34 @@ class Model:
         self.chosen: Attempt | None = None
         self.blocked_at = 0.0  # when the chosen one was first found not to fit
         self.backfilled = 0
+        self.capped = 0
+        # The weight each flow holds as the semaphore counts it. A release names what its
+        # holder asked for; while a holder of that ask (flow, weight) was granted less (capped),
+        # the release gives back one such grant, whoever releases: until every holder of the
+        # ask has released, a flow may count more than its holders were granted, never less.
+        self.ledger: dict[Hashable, int] = {}
+        self.caps: dict[tuple[Hashable, int], list[int]] = {}
         self.outcomes: list[str] = []
 
     @property
     def active(self) -> int:
-        return sum(a.weight for a in self.holders)
+        return sum(self.ledger.values())
 
     def held(self, flow: Hashable) -> int:
-        return sum(a.weight for a in self.holders if a.flow == flow)
+        return self.ledger.get(flow, 0)
+
+    def hold(self, attempt: Attempt, granted: int) -> None:
+        attempt.granted = granted
+        self.holders.append(attempt)
+        self.ledger[attempt.flow] = self.held(attempt.flow) + granted
+        if granted < attempt.weight:
+            self.caps.setdefault((attempt.flow, attempt.weight), []).append(granted)
 
     def arrive(self, attempt: Attempt) -> None:
         if attempt.weight > max(self.limit, 1):  # weight 1 waits on a limit of 0, as ever
             self.outcomes.append("invalid")
         elif not self.waiting and self.active + attempt.weight <= self.limit:
-            self.holders.append(attempt)
+            self.hold(attempt, attempt.weight)
         elif (
             self.max_queue is not None
             and len(self.waiting) >= self.max_queue
@@ -135,12 +153,14 @@ class Model:
             if self.chosen is None:
                 heads = [a for a in self.waiting if a is self._head_of(a.flow)]
                 self.chosen = min(heads, key=lambda a: (self.held(a.flow), a.arrival))
-            if self.active + self.chosen.weight > self.limit:
+            granted = min(self.chosen.weight, self.limit)  # capped at a limit shrunk under it
+            if self.active + granted > self.limit:
                 if self.backfill:
                     self._backfill(self.chosen, fresh)
                 return
             self.waiting.remove(self.chosen)
-            self.holders.append(self.chosen)
+            self.hold(self.chosen, granted)
+            self.capped += granted < self.chosen.weight
             self.chosen = None
 
     def _backfill(self, chosen: Attempt, fresh: bool) -> None:
@@ -152,7 +172,7 @@ class Model:
         for attempt in others[:BACKFILL_SCAN]:
             if self.active + attempt.weight <= self.limit:
                 self.waiting.remove(attempt)
-                self.holders.append(attempt)
+                self.hold(attempt, attempt.weight)
                 self.backfilled += 1
 
     def _head_of(self, flow: Hashable) -> Attempt:
@@ -160,6 +180,11 @@ class Model:
 
     def release(self, attempt: Attempt) -> None:
         self.holders.remove(attempt)
+        caps = self.caps.get((attempt.flow, attempt.weight))
+        given = caps.pop() if caps else attempt.weight
+        self.ledger[attempt.flow] -= given
+        if not self.ledger[attempt.flow]:
+            del self.ledger[attempt.flow]
         self.admit()
 
     def leave(self, attempt: Attempt, outcome: str) -> None:
@@ -281,6 +306,7 @@ class FlowMachine(RuleBasedStateMachine):
             assert self.sem.queue_depth == len(self.model.waiting)
             assert self.sem.queued_weight == sum(a.weight for a in self.model.waiting)
             assert self.sem.admission_backfilled == self.model.backfilled
+            assert self.sem.admission_capped == self.model.capped
             if not self.model.backfill:
                 assert self.model.backfilled == 0
 
@@ -290,6 +316,10 @@ class FlowMachine(RuleBasedStateMachine):
             held = {s.flow: s.held for s in self.sem.flow_statistics() if s.held}
             expected = {f: self.model.held(f) for f in FLOWS if self.model.held(f)}
             assert held == expected
+            for flow in FLOWS:  # never less than its holders were granted; 0 once none hold
+                granted = [a.granted for a in self.model.holders if a.flow == flow]
+                assert held.get(flow, 0) >= sum(granted)
+                assert granted or flow not in held
 
     @invariant()
     def never_above_the_limit_but_by_a_shrink(self) -> None:
@@ -299,7 +329,17 @@ class FlowMachine(RuleBasedStateMachine):
             if self.model.waiting:  # the next waiter is held back only because it does not fit
                 chosen = self.model.chosen
                 assert chosen is not None or sem.active >= sem.limit
-                assert sem.active + (chosen.weight if chosen else 1) > sem.limit
+                fits = 1 if chosen is None else min(chosen.weight, max(sem.limit, 1))
+                assert sem.active + fits > sem.limit  # (at most the limit: capped, if shrunk)
+
+    @invariant()
+    def the_queue_always_moves(self) -> None:
+        # A waiter on an idle limit waits for ever: only a limit of 0 (a pause) may hold one.
+        if hasattr(self, "sem"):
+            sem = self.sem
+            assert sem.active >= 0
+            if sem.queue_depth and sem.limit:
+                assert sem.active > 0, "a waiter waits on an idle limit"
 
     @invariant()
     def nothing_is_kept_for_idle_flows(self) -> None:

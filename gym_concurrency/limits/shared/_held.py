@@ -1,13 +1,17 @@
 """The slots one process holds of a shared limit, by lease id, with their total weight: the
 weight and flow ride in the id (`<proc>:<n>`, then `*<w>` for a weight w other than 1, then
-`@<flow>` for a flow other than the default), as Redis reads them too."""
+`/<c>` for a lease granted less than its waiter asked (the limit shrank under it: it holds c),
+then `@<flow>` for a flow other than the default), as Redis reads them too."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
 
-__all__ = ["HeldLeases", "lease_flow", "lease_id", "lease_weight", "total_weight"]
+__all__ = [
+    "HeldLeases", "lease_asked", "lease_flow", "lease_id", "lease_weight", "total_weight",
+    "waiter_id",
+]  # fmt: skip
 
 
 def lease_id(proc: str, number: int, weight: int, flow: str | None = None) -> str:
@@ -18,8 +22,25 @@ def lease_id(proc: str, number: int, weight: int, flow: str | None = None) -> st
 
 def lease_weight(lease: str) -> int:
     """The weight `lease` holds (or asks for)."""
-    _, star, weight = lease.partition("@")[0].partition("*")
+    asked, slash, granted = lease.partition("@")[0].partition("/")
+    if slash:
+        return int(granted)
+    _, star, weight = asked.partition("*")
     return int(weight) if star else 1
+
+
+def lease_asked(lease: str) -> int:
+    """The weight the waiter of `lease` asked for (what its holder releases)."""
+    _, star, weight = lease.partition("@")[0].partition("/")[0].partition("*")
+    return int(weight) if star else 1
+
+
+def waiter_id(lease: str) -> str:
+    """The id of the waiter `lease` was granted to (itself, unless granted less)."""
+    head, at, flow = lease.partition("@")
+    if "/" not in head:
+        return lease
+    return head.partition("/")[0] + at + flow
 
 
 def lease_flow(lease: str) -> str | None:
@@ -76,7 +97,7 @@ class HeldLeases(dict[str, float]):
         ValueError naming `describe` if none is held."""
 
         def fits(lease: str) -> bool:
-            return lease_weight(lease) == weight and lease_flow(lease) == flow
+            return lease_asked(lease) == weight and lease_flow(lease) == flow
 
         lease = next(filter(fits, self.fallback), None) or next(filter(fits, reversed(self)), None)
         if lease is not None:

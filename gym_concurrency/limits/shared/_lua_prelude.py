@@ -16,7 +16,7 @@ PRELUDE: Final = (
     """
 local K_LIMIT, K_QUEUE, K_WEXP, K_LEASES, K_CONFIGURED, K_STATE, K_MEMBERS =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local K_FQ, K_READY, K_FHELD, K_DQ = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+local K_FQ, K_READY, K_FHELD, K_DQ, K_CAPPED = KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local MBOX, TTL, PROC, CONTACTED = ARGV[1], tonumber(ARGV[2]), ARGV[4], ARGV[5] == '1'
 local t = redis.call('TIME')
 local real = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -32,15 +32,36 @@ local S = {
   chosen = c[15] or '', nf = tonumber(c[16]) or 0,
 }
 
--- A lease's (or waiter's) weight rides in its id: `<proc>:<n>` weighs 1, `<proc>:<n>*<w>` w
--- (a flow, `@<flow>`, comes after it).
+-- A lease's (or waiter's) weight rides in its id: `<proc>:<n>` weighs 1, `<proc>:<n>*<w>` w;
+-- a lease granted below its waiter's ask (a limit shrunk under it) adds `/<c>` and weighs c
+-- (a flow, `@<flow>`, comes after them).
 local function weight(id)
-  return tonumber(string.match(id, '^[^@*]*%*(%d+)')) or 1
+  return tonumber(string.match(id, '^[^@/]*/(%d+)')) or tonumber(string.match(id, '^[^@*]*%*(%d+)'))
+    or 1
 end
 local function weight_of(key)
   local total, ids = 0, redis.call('ZRANGE', key, 0, -1)
   for _, id in ipairs(ids) do total = total + weight(id) end
   return total, #ids
+end
+
+-- The waiter chosen next, heavier than the limit (shrunk under it): it is granted the whole
+-- limit (>= 1 wherever a slot is granted), else it could never fit nor be passed. Its lease
+-- is `id` with `/<limit>`; `capped` maps the waiter's id to it (for a renewal that names the
+-- waiter before its process heard of the grant) while the lease is held.
+local function fitted(id)
+  return math.min(weight(id), S.limit)
+end
+local function capped_lease(id)
+  if weight(id) <= S.limit then return id end
+  local head, flow = string.match(id, '^([^@]*)(.*)$')
+  local lease = head .. '/' .. S.limit .. flow
+  redis.call('HSET', K_CAPPED, id, lease)
+  return lease
+end
+local function forget_cap(lease)
+  local waiter, capped = string.gsub(lease, '^([^@/]*)/%d+', '%1', 1)
+  if capped > 0 then redis.call('HDEL', K_CAPPED, waiter) end
 end
 """
     + FLOW_FUNCTIONS
@@ -137,6 +158,7 @@ local function reap_leases()
     for _, id in ipairs(dead) do
       redis.call('LREM', MBOX .. string.match(id, '^[^:]+'), 0, id)
       held_change(id, -weight(id))
+      forget_cap(id)
     end
     S.leases = S.leases - redis.call('ZREM', K_LEASES, unpack(dead))
   end
@@ -179,7 +201,7 @@ local function flow_take()
       id, ticket = flow_next()
       if id == nil then return nil end
     end
-    if S.held + weight(id) > S.limit then S.chosen = id return nil end
+    if S.held + fitted(id) > S.limit then S.chosen = id return nil end
     -- (its lease, or `rescore`, puts its flow's next head in)
     if unqueue(id, ticket, true) == 1 then return id end
     reflow()
@@ -200,7 +222,7 @@ end
 -- Hand free capacity to the oldest waiters: the lease keeps the waiter's deadline (its
 -- process renews it from then on) and the waiter's process is told through its mailbox.
 -- Nothing while a grace period lasts; the oldest waiter is never passed: capacity that
--- frees is kept for it until its weight fits.
+-- frees is kept for it until its weight fits (at most the limit: see `fitted`).
 local function grant()
   if in_grace() then return end
   while S.held < S.limit and S.queued > 0 do
@@ -211,7 +233,7 @@ local function grant()
       local head = redis.call('ZPOPMIN', K_QUEUE)
       if #head == 0 then S.queued, S.queued_weight = 0, 0 return end  -- (the queue key lost)
       id = head[1]
-      if S.held + weight(id) > S.limit then
+      if S.held + fitted(id) > S.limit then
         redis.call('ZADD', K_QUEUE, head[2], id)  -- (back at its place, first)
         S.chosen = id
         return
@@ -222,8 +244,9 @@ local function grant()
     if deadline then
       redis.call('ZREM', K_WEXP, id)
       if deadline >= now then
-        leased = add_lease(id, deadline)
-        redis.call('RPUSH', MBOX .. string.match(id, '^[^:]+'), id)
+        local lease = capped_lease(id)
+        leased = add_lease(lease, deadline)
+        redis.call('RPUSH', MBOX .. string.match(id, '^[^:]+'), lease)
       end
     end
     if not leased then rescore(id) end
@@ -245,9 +268,13 @@ local function remove(id)
   if redis.call('ZREM', K_LEASES, id) == 1 then
     S.leases = S.leases - 1
     held_change(id, -weight(id))
+    forget_cap(id)
     return
   end
-  unqueue(id)
+  if unqueue(id) == 0 then  -- (granted a capped lease its process has not heard of yet?)
+    local lease = redis.call('HGET', K_CAPPED, id)
+    if lease then remove(lease) end
+  end
   redis.call('ZREM', K_WEXP, id)
 end
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Final
 
-from ._held import HeldLeases
+from ._held import HeldLeases, lease_weight, waiter_id
 from ._renewal_log import log_renewal
 from ._sizes import SizeSync
 from ._store import ADMITTED, SHED, RedisStore, SyncReply
@@ -55,6 +55,7 @@ class RedisSync(SizeSync):
         unreachable: Callable[[Waiter], None],
         lost: Callable[[tuple[str, ...]], None],
         back: Callable[[], None],
+        capped: Callable[[int, int], None],
         closed: Callable[[], bool],
         describe: str,
     ) -> None:
@@ -67,6 +68,7 @@ class RedisSync(SizeSync):
         self._unreachable = unreachable
         self._on_lost = lost
         self._on_back = back
+        self._on_capped = capped  # (asked, granted): a waiter granted less than it asked
         self._closed = closed
         self._describe = describe
         self.lock = threading.Lock()  # the event loop and the heartbeat thread
@@ -252,13 +254,15 @@ class RedisSync(SizeSync):
     def _admit(self, waiter: Waiter, lease: str) -> None:
         self._waiters.admitted(waiter)
         self._held[lease] = waiter.sent_at  # (its deadline was set then, or renewed since)
+        if lease != waiter.id:  # granted the whole of a limit shrunk under its weight
+            self._on_capped(waiter.weight, lease_weight(lease))
         waiter.future.set_result("admitted")
 
     def notified(self, lease: str) -> None:
         """The mailbox says Redis handed `lease` a slot. Trusted while this process's
         renewals are recent: else the lease may have expired since (a process cut off, or
         stopped), so the next renewal, which renews it in the same step, says (`granted`)."""
-        waiter = self._waiters.named(lease)
+        waiter = self._waiters.named(waiter_id(lease))
         if waiter is not None and not waiter.future.done():
             confirmed = max(waiter.sent_at, self.renewed_at)
             stale = time.monotonic() > confirmed + self._lease_seconds * 2 / 3
@@ -268,8 +272,9 @@ class RedisSync(SizeSync):
         self.granted(lease)
 
     def granted(self, lease: str) -> None:
-        """Redis handed `lease` (a waiter's id) a slot: admit its waiter, or pass it on."""
-        waiter = self._waiters.named(lease)
+        """Redis handed `lease` (a waiter's id, or one granted less: `_held`) a slot: admit
+        its waiter, or pass it on."""
+        waiter = self._waiters.named(waiter_id(lease))
         if waiter is None:
             if lease not in self._held:  # it ended here already: give the slot back
                 self.remove(lease)

@@ -154,6 +154,7 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, ProcessFlowsMixin, LimitB
             unreachable=self._unsent_unreachable,
             lost=self._leases_lost,
             back=self._redis_back,
+            capped=self._count_capped,
             closed=self._is_closed,
             describe=self._describe(),
         )

@@ -23,7 +23,9 @@ Keys, all under one hash tag so that they live in one cluster slot (`KEYS` order
                  fw, fh, f0, x, fn  fair queuing by flow (see `_lua_flows`)
 7. `members`     ZSET process id -> deadline (clock ms): the processes alive on this limit
 8-11. `fq`, `ready`, `fheld`, `dq`: fair queuing by flow (see `_lua_flows`)
-12. `mbox:<proc>` LIST of lease ids granted to process `<proc>` (its waiters are woken by
+12. `capped`     HASH waiter id -> its lease's id, for a waiter granted less than it asked
+                 (see below), while the lease is held
+13. `mbox:<proc>` LIST of lease ids granted to process `<proc>` (its waiters are woken by
                  BLPOP); the key is the common `ARGV[1]` prefix plus the process id
 
 `limit`, `configured` and `state` stay once made; the others are gone once nothing is held,
@@ -38,7 +40,10 @@ Ids are `<proc>:<n>`, with `*<w>` for a weight w other than 1 and `@<flow>` for 
 flow, and never sent twice: a waiter that is handed a slot keeps its id as the lease id, the
 process part names the mailbox to notify, and the weight and flow ride along (no lookup).
 The waiter chosen next (FIFO by ticket in one flow; see `_lua_flows` for several) is never
-passed; capacity that frees is kept for it until its weight fits.
+passed; capacity that frees is kept for it until its weight fits. One heavier than the limit
+(shrunk under it: a resize, an adaptive step) is granted the whole limit instead, under a
+lease id that adds `/<granted>` to its own (`<proc>:<n>*<w>/<c>@<flow>` weighs c): the
+weight counted is in the id as ever, and `capped` lets a renewal naming the waiter find it.
 
 Every script takes the same first five arguments: mailbox prefix, lease milliseconds, the
 limit as last seen (restored if the state is gone), this process's id, and "1" if this
@@ -63,7 +68,7 @@ __all__ = [
 
 KEY_NAMES: Final = (
     "limit", "queue", "wexp", "leases", "configured", "state", "members",
-    "fq", "ready", "fheld", "dq",
+    "fq", "ready", "fheld", "dq", "capped",
 )  # fmt: skip
 
 CONFLICT: Final = 3  # CONFIGURE's status: live processes hold another size for this limit
@@ -74,7 +79,8 @@ CONFLICT: Final = 3  # CONFIGURE's status: live processes hold another size for 
 # process's arrival order. Each is admitted at once if nobody queues, no grace period runs
 # and a slot is free, shed if max_queue already wait, else queued with the next ticket.
 # Answers {0, limit, held, queued, stamp, expiry, queued weight, flows, statuses}: a status
-# per new id, 0 queued, 1 admitted (its weight fit), 2 shed.
+# per new id, 0 queued, 1 admitted (its weight fit), 2 shed. One heavier than the limit (its
+# process saw an older, larger size) is queued, and granted at once if the limit is idle.
 ACQUIRE: Final = (
     PRELUDE
     + """
@@ -85,6 +91,7 @@ reap_leases()
 grant()
 local max_queue = tonumber(ARGV[6])
 local statuses = {}
+local over = false
 for i = 8 + removals, #ARGV do
   local id = ARGV[i]
   local status = 0
@@ -95,12 +102,13 @@ for i = 8 + removals, #ARGV do
     status = 2
   else
     enqueue(id)
+    over = over or weight(id) > S.limit
   end
   statuses[#statuses + 1] = status
 end
 -- With flows, one queued behind others may be the fair next (its flow holds the least): it
--- is granted now, not at the next call.
-if S.fw > 0 then grant() end
+-- is granted now, not at the next call; so is one over the limit, on a limit that is idle.
+if S.fw > 0 or over then grant() end
 return answer(0, statuses)
 """
 )
@@ -184,8 +192,14 @@ for j = queued_from, drops_from - 1 do
     redis.call('ZADD', K_LEASES, now + TTL, id)
     granted[#granted + 1] = id
   else
-    enqueue(id)
-    requeued[#requeued + 1] = id
+    local lease = redis.call('HGET', K_CAPPED, id)  -- (granted less than it asked?)
+    if lease and redis.call('ZSCORE', K_LEASES, lease) then
+      redis.call('ZADD', K_LEASES, now + TTL, lease)
+      granted[#granted + 1] = lease
+    else
+      enqueue(id)
+      requeued[#requeued + 1] = id
+    end
   end
 end
 grant()
