@@ -29,7 +29,8 @@ class WaitQueue:
     `held(flow)` is the semaphore's answer to "how much weight does this flow hold now"; it
     calls `touched(flow)` whenever that changes for a flow that may be waiting. Two plain
     attributes are read on the semaphore's hot paths and written only here: `waiters` (arrival
-    order: waiter -> when its timeout is due, loop time, None without one) and `fair`.
+    order: waiter -> when its timeout is due, loop time, None without one; never rebound, so
+    the semaphore may keep a reference to it) and `fair`.
     """
 
     __slots__ = ("_asks", "_backfill", "_deadlines", "_flows", "_next", "fair", "waiters")
