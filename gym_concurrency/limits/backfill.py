@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Iterable
 from itertools import islice
 
-from .flows import Ask, FlowQueues, Waiting
 from .limit import Admission
 
-__all__ = ["BACKFILL_SCAN", "BackfillMixin", "check_backfill_seconds"]
+__all__ = ["BACKFILL_SCAN", "Backfill", "check_backfill_seconds"]
 
 BACKFILL_SCAN = 32
 """How many waiters (besides the blocked one, oldest first) one backfill looks at."""
@@ -41,49 +39,24 @@ def check_backfill_seconds(owner: str, value: object) -> float:
     return float(value)
 
 
-class BackfillMixin:
-    """The backfill side of MeteredSemaphore (its state is the semaphore's own)."""
+class Backfill:
+    """How long the waiter chosen next may be passed (`seconds`, > 0), and since when it has
+    been blocked (the wait queue holds one; the semaphore admits those that fit)."""
 
-    _backfill_seconds: float
-    _backfilled: int
-    _blocked_at: float  # loop time the chosen waiter was first held for
-    _flows: FlowQueues
-    _queue: OrderedDict[Waiter, float | None]
-    _asks: dict[Waiter, Ask]
-    _limit: int
-    _active: int
+    __slots__ = ("_blocked_at", "seconds")
 
-    def _hand(self, waiter: Waiter, weight: int, flow: Hashable) -> bool:
-        raise NotImplementedError
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._blocked_at = 0.0  # loop time the chosen waiter was first held for
 
-    @property
-    def backfill_seconds(self) -> float:
-        """How long the waiter chosen next may be passed by lighter ones that fit (0: never)."""
-        return self._backfill_seconds
-
-    @property
-    def admission_backfilled(self) -> int:
-        """Waiters admitted past a blocked waiter chosen before them (monotonic)."""
-        return self._backfilled
-
-    def _backfill(self, chosen: Waiting, fresh: bool) -> None:
-        """`chosen` does not fit (`fresh`: it was chosen just now): while it has been blocked
-        for less than `backfill_seconds`, admit the waiters behind it that fit."""
-        now = chosen.waiter.get_loop().time()
+    def passers(self, waiters: Iterable[Waiter], chosen: Waiter, fresh: bool) -> list[Waiter]:
+        """The waiters that may pass `chosen` now (`fresh`: it was chosen just now): the first
+        BACKFILL_SCAN others of `waiters` (arrival order) while it has been blocked for less
+        than `seconds`; none once it has been blocked that long."""
+        now = chosen.get_loop().time()
         if fresh:
             self._blocked_at = now
-        elif now - self._blocked_at >= self._backfill_seconds:
-            return  # its time is up: capacity is held for it from now on
-        if self._active >= self._limit:
-            return
-        others = (w for w in list(islice(self._queue, BACKFILL_SCAN + 1)) if w is not chosen.waiter)
-        for waiter in islice(others, BACKFILL_SCAN):
-            weight, flow = self._asks[waiter]
-            if self._active + weight > self._limit:
-                continue
-            if self._hand(waiter, weight, flow):
-                self._backfilled += 1
-                # Maybe not its flow's head: its flow's place in the fair order moved.
-                self._flows.touched(flow)
-                if self._active >= self._limit:
-                    return
+        elif now - self._blocked_at >= self.seconds:
+            return []  # its time is up: capacity is held for it from now on
+        others = (w for w in list(islice(waiters, BACKFILL_SCAN + 1)) if w is not chosen)
+        return list(islice(others, BACKFILL_SCAN))

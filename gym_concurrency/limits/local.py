@@ -1,21 +1,22 @@
 """MeteredSemaphore: an asyncio.BoundedSemaphore that counts its state in plain integers, in
-units of weight, and serves flows fairly (see flows.py)."""
+units of weight, and serves flows fairly (see flows.py). Its waiters live in its WaitQueue
+(wait_queue.py); what they hold, and how their waits ended, is counted here."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from collections.abc import Hashable
+from typing import Literal
 
 from ..deadline import deadline_remaining, request_deadline
 from ._base import LimitBase, check_count
-from ._own_deadlines import OwnDeadlinesMixin
-from .backfill import BackfillMixin, check_backfill_seconds
+from .backfill import check_backfill_seconds
 from .caps import CappedHolds
-from .deadlines import OwnDeadlines
-from .flows import Ask, FlowQueues, FlowStatistics, Waiting
+from .deadlines import check_deadline
+from .flows import Ask, FlowStatistics
 from .limit import Admission
+from .wait_queue import WaitQueue
 
 __all__ = ["MeteredSemaphore"]
 
@@ -24,7 +25,7 @@ _CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 Waiter = asyncio.Future[Admission]
 
 
-class MeteredSemaphore(BackfillMixin, OwnDeadlinesMixin, LimitBase, asyncio.BoundedSemaphore):
+class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     """A bounded semaphore whose limit, holders, waiters and failed admissions are readable.
 
     Every call takes a `weight` (default 1) and a `flow` (default None): `limit`, `active` and
@@ -34,6 +35,10 @@ class MeteredSemaphore(BackfillMixin, OwnDeadlinesMixin, LimitBase, asyncio.Boun
     queue raises QueueFullError at once); `backfill_seconds` (default 0: never) lets lighter
     waiters that fit pass the waiter chosen next for at most that long (backfill.py). Acquire
     and release make no telemetry call: the observer reads these integers at export.
+
+    An asyncio.BoundedSemaphore by type and behaviour, not by state: asyncio's `_value` and
+    `_waiters` are never made; of its methods only `_get_loop` (unused) and `_wake_up_next`
+    (called only by the acquire() and release() replaced here) are left (test_contract.py).
     """
 
     _label = "limit"
@@ -49,44 +54,36 @@ class MeteredSemaphore(BackfillMixin, OwnDeadlinesMixin, LimitBase, asyncio.Boun
         max_queue: int | None = None,
         backfill_seconds: float = 0.0,
     ) -> None:
-        check_count(type(self).__name__, "value", value)
-        self._backfill_seconds = check_backfill_seconds(type(self).__name__, backfill_seconds)
-        self._backfilled = 0
-        self._blocked_at = 0.0
-        LimitBase.__init__(
-            self,
+        owner = type(self).__name__
+        check_count(owner, "value", value)
+        backfill_seconds = check_backfill_seconds(owner, backfill_seconds)
+        # LimitBase does not chain on to asyncio.BoundedSemaphore.__init__: nothing reads it.
+        super().__init__(
             component=component,
             limit_name=limit_name,
             server=server,
             timeout=timeout,
             max_queue=max_queue,
         )
-        asyncio.BoundedSemaphore.__init__(self, value)
         self._limit = value
         self._active = 0  # weight held, including weight handed to a waiter not yet resumed
         # Weight held by each flow but the default one (None holds the rest of `_active`);
         # a flow is kept only while it holds weight.
         self._held: dict[Hashable, int] = {}
         self._held_by_flows = 0  # the sum of `_held`
-        # Waiters in arrival order, each with its deadline (loop time, None without a
-        # timeout); O(1) removal from the middle. Every waiter has the same timeout, so the
-        # deadlines are in queue order too: one timer, for the oldest waiter, serves them all.
-        self._queue: OrderedDict[Waiter, float | None] = OrderedDict()
-        self._timer: asyncio.TimerHandle | None = None
-        # While a waiter asks for a weight other than 1 or a flow other than None, every waiter
-        # is also queued by flow and the next one is chosen fairly; with the queue empty again,
-        # plain FIFO resumes.
-        self._flows = FlowQueues(self._held_by)
-        self._asks: dict[Waiter, Ask] = {}  # the ask of each waiter queued by flow
-        self._next: Waiting | None = None  # chosen, holding freed capacity until it fits
         # Waiters handed weight whose tasks have not resumed yet (`settle()` or `leave()` ends
         # each hand-over), with what they were handed (None: weight 1 of the default flow).
         # Until they have, no later acquire takes weight at once, as in asyncio.Semaphore: a
         # task that releases and re-acquires runs after the waiters it handed slots to.
         self._handed: dict[Waiter, Ask | None] = {}
         self._caps = CappedHolds()  # holders admitted at a shrunk limit's size, below their ask
-        # Made when a waiter first brings a deadline of its own (deadlines.py).
-        self._deadlines: OwnDeadlines | None = None
+        self._backfilled = 0
+        self._queue = WaitQueue(self._held_by, backfill_seconds)
+        # The queue's waiters in arrival order, read (never written) here: on the hot paths an
+        # attribute of the queue costs the uncontended `async with` about 2% more instructions.
+        self._waiting = self._queue.waiters
+        # The limit's timeout: one timer, for the oldest waiter (see `_time_out`).
+        self._timer: asyncio.TimerHandle | None = None
         self._register()
 
     # --- state -----------------------------------------------------------------------
@@ -109,17 +106,32 @@ class MeteredSemaphore(BackfillMixin, OwnDeadlinesMixin, LimitBase, asyncio.Boun
     @property
     def queue_depth(self) -> int:
         """Tasks waiting now."""
-        return len(self._queue)
+        return len(self._waiting)
 
     @property
     def queued_weight(self) -> int:
         """The weight the waiting tasks ask for."""
-        return self._flows.queued_weight if self._flows else len(self._queue)
+        return self._queue.queued_weight
 
     @property
     def waiting_flows(self) -> int:
         """Flows with a waiter now."""
-        return len(self._flows) if self._flows else int(bool(self._queue))
+        return self._queue.waiting_flows
+
+    @property
+    def backfill_seconds(self) -> float:
+        """How long the waiter chosen next may be passed by lighter ones that fit (0: never)."""
+        return self._queue.backfill_seconds
+
+    @property
+    def admission_backfilled(self) -> int:
+        """Waiters admitted past a blocked waiter chosen before them (monotonic)."""
+        return self._backfilled
+
+    def handover_wait(self) -> float | None:
+        """Seconds until the weight queued now, and one more, would be handed out at the
+        measured hand-over rate; None before waiters with deadlines have measured one."""
+        return self._queue.handover_wait()
 
     def flow_statistics(self) -> list[FlowStatistics]:
         """Every flow that holds weight or waits now (the default flow is None); read at
@@ -131,9 +143,7 @@ class MeteredSemaphore(BackfillMixin, OwnDeadlinesMixin, LimitBase, asyncio.Boun
         before = self._active
         held = dict(self._held)
         default = max(0, min(before, self._active) - sum(held.values()))
-        waiting = {flow: (n, w) for flow, n, w in self._flows.flows()}
-        if not self._flows and self._queue:
-            waiting[None] = (len(self._queue), len(self._queue))
+        waiting = self._queue.waiting()
         if default:
             held[None] = default
         flows = set(held) | set(waiting)
@@ -141,15 +151,15 @@ class MeteredSemaphore(BackfillMixin, OwnDeadlinesMixin, LimitBase, asyncio.Boun
 
     def locked(self) -> bool:
         """True if `acquire()` would wait (or fail) rather than take a slot at once."""
-        return self._active >= self._limit or bool(self._queue) or bool(self._handed)
+        return self._active >= self._limit or bool(self._waiting) or bool(self._handed)
 
     def __repr__(self) -> str:
         # asyncio's own shape ("... object at 0x... [unlocked, value:1]"), with the limit's
         # name, size and holders before the brackets.
         name = f" {self._component}/{self._limit_name}" if self._limit_name else ""
         state = "locked" if self.locked() else f"unlocked, value:{self.available}"
-        if self._queue:
-            state += f", waiters:{len(self._queue)}"
+        if self._waiting:
+            state += f", waiters:{len(self._waiting)}"
         return (
             f"<{type(self).__name__}{name} object at {id(self):#x} limit={self._limit} "
             f"active={self._active} [{state}]>"
@@ -166,114 +176,44 @@ class MeteredSemaphore(BackfillMixin, OwnDeadlinesMixin, LimitBase, asyncio.Boun
     def try_acquire(self, weight: int = 1, flow: Hashable = None) -> bool:
         """Take `weight` if it is free and nobody waits (nor was handed weight and has yet to
         resume), without waiting; True if taken. ValueError if `weight` exceeds the limit."""
-        if weight == 1 and flow is None:  # the default, kept as cheap as it always was
-            if self._active < self._limit and not self._queue and not self._handed:
-                self._active += 1
-                return True
-            return False
-        self._check_weight(weight)
-        if self._active + weight <= self._limit and not self._queue and not self._handed:
-            if flow is not None:  # a flow's count first: see flow_statistics()
-                self._take(flow, weight)
-            self._active += weight
-            return True
-        return False
-
-    def enqueue(
-        self, weight: int = 1, flow: Hashable = None, deadline: float | None = None
-    ) -> Waiter:
-        """Join the queue (call after `try_acquire()` failed): the future ends "admitted" (the
-        weight is held), "timeout" (the limit's timeout) or "deadline" (the waiter's own
-        `deadline`, in seconds from now, when sooner), or is done already: "shed" if
-        `max_queue` tasks wait, "deadline" if the deadline is past or the measured hand-over
-        rate says it cannot be met. ValueError if `weight` exceeds the limit; nothing else
-        raises."""
-        if weight != 1:
+        if flow is not None or weight != 1:
             self._check_weight(weight)
-        loop = asyncio.get_running_loop()
-        waiter: Waiter = loop.create_future()
-        # Never shed while capacity is free (held back only for a waiter handed some, not yet
-        # resumed): the request waits for that hand-over instead.
-        full = self._max_queue is not None and len(self._queue) >= self._max_queue
-        if full and (self._active >= self._limit or self._next is not None):
-            self._shed += 1
-            waiter.set_result("shed")
-            return waiter
-        if deadline is not None:
-            deadline = self._admission_bound(waiter, weight, flow, deadline)
-            if waiter.done():
-                return waiter
-        deadline_at = None
-        if self._timeout is not None:
-            deadline_at = loop.time() + self._timeout
-            if self._timer is None:
-                self._timer = loop.call_at(deadline_at, self._expire)
-        self._queue[waiter] = deadline_at
-        if self._deadlines is not None and len(self._queue) == 1:
-            self._deadlines.queue_started()
-        if deadline is not None and (self._timeout is None or deadline < self._timeout):
-            self._own_deadlines().arm(waiter, deadline, self._expire_one)
-        if weight != 1 or flow is not None or self._flows:
-            self._queue_by_flow(waiter, weight, flow)
-            if (self._next is None or self._backfill_seconds) and (
-                self._active < self._limit and not self._handed
-            ):
-                self._admit_fairly()  # it does not fit: it is chosen, and capacity held for it
-        return waiter
-
-    def _queue_by_flow(self, waiter: Waiter, weight: int, flow: Hashable) -> None:
-        flows = self._flows
-        if not flows:  # the first such waiter: those before it wait in the default flow
-            for earlier in self._queue:
-                if earlier is not waiter:
-                    self._asks[earlier] = (1, None)
-                    flows.push(earlier, 1, None)
-        self._asks[waiter] = (weight, flow)
-        flows.push(waiter, weight, flow)
-
-    def _forget(self, waiter: Waiter) -> bool:
-        if waiter not in self._queue:
+        if self._active + weight > self._limit or self._waiting or self._handed:
             return False
-        # The timer, if it was for this waiter, re-arms when it fires.
-        if self._unqueue(waiter) and self._queue:
-            self._admit_waiters()  # the capacity held for it moves on
+        if flow is not None:  # a flow's count first: see flow_statistics()
+            self._take(flow, weight)
+        self._active += weight
         return True
 
-    def _unqueue(self, waiter: Waiter) -> bool:
-        """Take `waiter` out of every queue it is in; True if it was the one chosen next."""
-        del self._queue[waiter]
-        if self._deadlines is not None and self._deadlines.timers:
-            self._deadlines.disarm(waiter)
-        if not self._flows:
-            return False
-        _, flow = self._asks.pop(waiter)
-        self._flows.remove(waiter, flow)
-        if not self._queue:
-            self._flows.clear()
-        chosen = self._next is not None and self._next.waiter is waiter
-        if chosen:
-            self._next = None
-        return chosen
+    async def __aenter__(self) -> None:
+        # `acquire()` with the defaults. try_acquire(), inline: the uncontended `async with`
+        # is the hot path, and a call there costs it 14% (docs/performance.md, issue 34).
+        if self._active < self._limit and not self._waiting and not self._handed:
+            self._active += 1
+            return
+        # wait_in_queue(), inline (one coroutine less): the contended path is the hot one too.
+        deadline = None if request_deadline() is None else deadline_remaining()
+        waiter = self.enqueue(1, None, deadline)
+        try:
+            admission = await waiter
+        except asyncio.CancelledError:
+            self.leave(waiter)
+            raise
+        if self._handed:
+            self.settle(waiter)
+        if admission != "admitted":
+            raise self._refused(admission, deadline)
 
-    def _expire(self) -> None:
-        """Time out every waiter whose deadline has passed (the oldest ones), then re-arm the
-        timer for the oldest waiter left."""
-        self._timer = None
-        loop = asyncio.get_running_loop()
-        now = loop.time() + _CLOCK_RESOLUTION  # as the loop itself decides a timer is due
-        queue = self._queue
-        chosen = False
-        while queue:
-            waiter, deadline = next(iter(queue.items()))
-            if deadline is not None and deadline > now:
-                self._timer = loop.call_at(deadline, self._expire)
-                break
-            chosen |= self._unqueue(waiter)
-            if not waiter.done():  # else cancelled with its task, which counts it when it leaves
-                self._timeouts += 1
-                waiter.set_result("timeout")
-        if chosen and queue:
-            self._admit_waiters()  # the capacity held for the one that timed out moves on
+    async def __aexit__(self, *exc: object) -> None:
+        # release() with the defaults, inline (as try_acquire() in __aenter__).
+        if self._active <= self._held_by_flows:
+            raise self._not_held(1, None)
+        self._active -= 1
+        if self._waiting:
+            queue = self._queue
+            if queue.fair:
+                queue.touched(None)
+            self._admit_waiters()
 
     def release(self, weight: int = 1, flow: Hashable = None) -> None:
         """Give back `weight` held by `flow` (what it was acquired with): to the waiters if
@@ -292,38 +232,71 @@ class MeteredSemaphore(BackfillMixin, OwnDeadlinesMixin, LimitBase, asyncio.Boun
                 self._take(flow, -weight)
                 weight = 0
         self._active -= weight
-        if self._queue:
-            if self._flows:
-                self._flows.touched(flow)
+        if self._waiting:
+            queue = self._queue
+            if queue.fair:
+                queue.touched(flow)
             self._admit_waiters()
 
-    async def __aenter__(self) -> None:
-        # `acquire()` with the defaults, inline: the uncontended path takes no call at all.
-        if self._active < self._limit and not self._queue and not self._handed:
-            self._active += 1
-            return
-        # wait_in_queue(), inline (one coroutine less): the contended path is the hot one too.
-        deadline = None if request_deadline() is None else deadline_remaining()
-        waiter = self.enqueue(1, None, deadline)
-        try:
-            admission = await waiter
-        except asyncio.CancelledError:
-            self.leave(waiter)
-            raise
-        if self._handed:
-            self.settle(waiter)
-        if admission != "admitted":
-            raise self._refused(admission, deadline)
+    def enqueue(
+        self, weight: int = 1, flow: Hashable = None, deadline: float | None = None
+    ) -> Waiter:
+        """Join the queue (call after `try_acquire()` failed): the future ends "admitted" (the
+        weight is held), "timeout" (the limit's timeout) or "deadline" (the waiter's own
+        `deadline`, in seconds from now, when sooner), or is done already: "shed" if
+        `max_queue` tasks wait, "deadline" if the deadline is past or the measured hand-over
+        rate says it cannot be met. ValueError if `weight` exceeds the limit; nothing else
+        raises."""
+        if weight != 1:
+            self._check_weight(weight)
+        loop = asyncio.get_running_loop()
+        waiter: Waiter = loop.create_future()
+        queue = self._queue
+        # Never shed while capacity is free (held back only for a waiter handed some, not yet
+        # resumed): the request waits for that hand-over instead.
+        full = self._max_queue is not None and len(self._waiting) >= self._max_queue
+        if full and (self._active >= self._limit or queue.holding):
+            self._shed += 1
+            waiter.set_result("shed")
+            return waiter
+        if deadline is not None:
+            seconds = check_deadline(type(self).__name__, deadline)
+            deadline = queue.admission_bound(weight, flow, seconds, self._limit)
+            if deadline is None:  # it cannot be met
+                self._end_late(waiter, "deadline")  # counted as a timeout, its own refusal
+                return waiter
+        due = None
+        if self._timeout is not None:
+            due = loop.time() + self._timeout
+            if self._timer is None:
+                self._timer = loop.call_at(due, self._time_out)
+        queue.add(waiter, weight, flow, due)
+        if deadline is not None and (self._timeout is None or deadline < self._timeout):
+            queue.arm(waiter, deadline, self._deadline_passed)
+        choosing = queue.fair and (not queue.holding or queue.backfill_seconds)
+        if choosing and self._active < self._limit and not self._handed:
+            self._admit_fairly()  # it does not fit: it is chosen, and capacity held for it
+        return waiter
 
-    async def __aexit__(self, *exc: object) -> None:
-        # release() with the defaults, inline.
-        if self._active <= self._held_by_flows:
-            raise self._not_held(1, None)
-        self._active -= 1
-        if self._queue:
-            if self._flows:
-                self._flows.touched(None)
-            self._admit_waiters()
+    def settle(self, waiter: Waiter) -> None:
+        """The task awaiting `waiter` resumed: weight handed to it is its own from now on, and
+        waiters that queued behind the hand-over get the capacity still free (as
+        asyncio.Semaphore's resumed task does). Called in that task, not as a loop callback."""
+        handed = self._handed
+        if handed:
+            handed.pop(waiter, None)
+            if self._waiting:
+                self._admit_waiters()
+
+    def refuse(self, waiter: Waiter) -> bool:
+        """End a queued `waiter`'s wait with "unavailable" (shutting down; uncounted): True if
+        it was queued. Capacity held for it is passed on to nobody: the server is draining."""
+        if waiter not in self._waiting:
+            return False
+        self._queue.remove(waiter)
+        if not waiter.done():
+            waiter.set_result("unavailable")
+        return True
 
     def resize(self, limit: int) -> None:
         """Set the capacity: growing admits waiters at once; shrinking never revokes held
@@ -333,94 +306,117 @@ class MeteredSemaphore(BackfillMixin, OwnDeadlinesMixin, LimitBase, asyncio.Boun
         self._limit = limit
         self._admit_waiters()
 
+    # --- waits that end without weight ------------------------------------------------
+
+    def _forget(self, waiter: Waiter) -> bool:
+        if waiter not in self._waiting:
+            return False
+        if self._queue.remove(waiter) and self._waiting:
+            self._admit_waiters()  # the capacity held for it moves on
+        return True
+
+    def _deadline_passed(self, waiter: Waiter) -> None:
+        """`waiter`'s own deadline passed (its timer): its wait ends "deadline" if it waits."""
+        if waiter in self._waiting:
+            held_for = self._queue.remove(waiter)
+            self._end_late(waiter, "deadline")
+            if held_for and self._waiting:
+                self._admit_waiters()  # the capacity held for it moves on
+
+    def _time_out(self) -> None:
+        """The limit's timer: every waiter whose timeout has passed (the oldest ones) ends
+        "timeout"; then the timer is armed again for the oldest waiter left."""
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        queue = self._queue
+        held_for = False
+        now = loop.time() + _CLOCK_RESOLUTION  # as the loop itself decides a timer is due
+        for waiter in queue.due(now):
+            held_for |= queue.remove(waiter)
+            self._end_late(waiter, "timeout")
+        due = queue.next_due()
+        if due is not None:
+            self._timer = loop.call_at(due, self._time_out)
+        if held_for and self._waiting:
+            self._admit_waiters()  # the capacity held for the one that timed out moves on
+
+    def _end_late(self, waiter: Waiter, refusal: Literal["timeout", "deadline"]) -> None:
+        """End `waiter`'s wait with `refusal`, counted as a timeout, unless it has ended (it
+        was cancelled with its task, which counts it when it leaves)."""
+        if not waiter.done():
+            self._timeouts += 1
+            waiter.set_result(refusal)
+
+    def _give_back(self, waiter: Waiter) -> None:
+        weight, flow = self._handed.pop(waiter, None) or (1, None)
+        self.release(weight, flow)
+
+    # --- admission -------------------------------------------------------------------
+
     def _admit_waiters(self) -> None:
         """Hand free capacity to the next waiters: the longest waiting (one flow, weight 1),
         else as flows.py chooses."""
-        if self._flows:
+        queue = self._queue
+        if queue.fair:
             self._admit_fairly()
             return
-        queue = self._queue
-        deadlines = self._deadlines
-        while queue and self._active < self._limit:
-            waiter, _ = queue.popitem(last=False)
-            late = deadlines is not None and deadlines.disarm(waiter)
-            if waiter.done():  # cancelled with its task, which counts it when it leaves
-                continue
+        while self._active < self._limit:
+            oldest = queue.pop_oldest()
+            if oldest is None:
+                return
+            waiter, late = oldest
             if late:  # its deadline passed while the loop ran late: refused, not a slot
-                self._timeouts += 1
-                waiter.set_result("deadline")
+                self._end_late(waiter, "deadline")
                 continue
             self._active += 1
             self._handed[waiter] = None
-            if deadlines is not None:
-                deadlines.handed(1)
             waiter.set_result("admitted")
 
     def _admit_fairly(self) -> None:
+        queue = self._queue
         while self._active < self._limit:
-            chosen = self._next or self._flows.choose()
+            chosen = queue.choose()
             if chosen is None:
                 return
             # Heavier than a limit shrunk under it, it is capped at the size (>= 1 here: a
             # limit of 0 admits nobody): else it could never fit, nor be passed.
             weight = min(chosen.weight, self._limit)
-            if self._active + weight > self._limit:
-                fresh, self._next = self._next is None, chosen  # freed capacity is held for it
-                if self._backfill_seconds:  # opt-in: lighter waiters pass it for a while
-                    self._backfill(chosen, fresh)
+            if self._active + weight > self._limit:  # freed capacity is held for it
+                self._backfill(queue.hold(chosen))
                 return
-            self._next = None
             if self._hand(chosen.waiter, weight, chosen.flow) and weight < chosen.weight:
                 self._handed[chosen.waiter] = (chosen.weight, chosen.flow)  # what it releases
                 self._caps.add(chosen.flow, chosen.weight, weight)
                 self._count_capped(chosen.weight, weight)
 
+    def _backfill(self, passers: list[tuple[Waiter, Ask]]) -> None:
+        """Admit each of `passers` (the waiters that may pass the one held for, backfill.py)
+        that fits in what is free, oldest first."""
+        for waiter, (weight, flow) in passers:
+            if self._active + weight <= self._limit and self._hand(waiter, weight, flow):
+                self._backfilled += 1
+                # Maybe not its flow's head: its flow's place in the fair order moved.
+                self._queue.touched(flow)
+                if self._active >= self._limit:
+                    return
+
     def _hand(self, waiter: Waiter, weight: int, flow: Hashable) -> bool:
         """Admit the queued `waiter` (True), unless it left or its own deadline passed."""
+        queue = self._queue
         if waiter.done():  # cancelled with its task, which counts it when it leaves
-            self._unqueue(waiter)
+            queue.remove(waiter)
             return False
-        if self._deadlines is not None and self._deadlines.late(waiter):
-            self._unqueue(waiter)  # its deadline passed while the loop ran late
-            self._timeouts += 1
-            waiter.set_result("deadline")
+        if queue.late(waiter):  # its deadline passed while the loop ran late
+            queue.remove(waiter)
+            self._end_late(waiter, "deadline")
             return False
         if flow is not None:  # a flow's count first: see flow_statistics()
             self._take(flow, weight)
         self._active += weight
-        self._unqueue(waiter)  # its flow's next head is offered at the new held weight
+        queue.admitted(waiter, weight)  # after the count: its flow is offered at it
         self._handed[waiter] = (weight, flow)
-        if self._deadlines is not None:
-            self._deadlines.handed(weight)
         waiter.set_result("admitted")
         return True
-
-    def settle(self, waiter: Waiter) -> None:
-        """The task awaiting `waiter` resumed: weight handed to it is its own from now on, and
-        waiters that queued behind the hand-over get the capacity still free (as
-        asyncio.Semaphore's resumed task does). Called in that task, not as a loop callback."""
-        handed = self._handed
-        if handed:
-            handed.pop(waiter, None)
-            if self._queue:
-                self._admit_waiters()
-
-    def refuse(self, waiter: Waiter) -> bool:
-        """End a queued `waiter`'s wait with "unavailable" (shutting down; uncounted): True if
-        it was queued. Capacity held for it is passed on to nobody: the server is draining."""
-        if waiter not in self._queue:
-            return False
-        self._unqueue(waiter)
-        if not waiter.done():
-            waiter.set_result("unavailable")
-        return True
-
-    def _give_back(self, waiter: Waiter) -> None:
-        ask = self._handed.pop(waiter, None)
-        if ask is None:
-            self.release()
-        else:
-            self.release(*ask)
 
     # --- weight accounting -----------------------------------------------------------
 

@@ -136,3 +136,21 @@ async def test_acquire_and_release_make_no_opentelemetry_call() -> None:
         sem.release()
     assert probe.calls == []
     assert (sem.admission_shed, sem.admission_timeouts, sem.admission_cancelled) == (1, 1, 1)
+
+
+def test_the_semaphore_is_a_bounded_semaphore_by_behaviour_not_by_its_state() -> None:
+    # A drop-in asyncio.BoundedSemaphore (isinstance holds) whose asyncio state is never
+    # made: every asyncio method is its own, but two that nothing here calls.
+    sem = MeteredSemaphore(2)
+    assert isinstance(sem, asyncio.BoundedSemaphore)
+    assert not {"_value", "_bound_value", "_waiters"} & vars(sem).keys()
+    inherited = {
+        name
+        for cls in asyncio.BoundedSemaphore.__mro__
+        if cls.__module__.startswith("asyncio")
+        for name, value in vars(cls).items()
+        if callable(value) and getattr(MeteredSemaphore, name) is value
+    }
+    # _get_loop reads only a class attribute; _wake_up_next is called only by asyncio's own
+    # acquire() and release(), which MeteredSemaphore replaces.
+    assert inherited == {"_get_loop", "_wake_up_next"}

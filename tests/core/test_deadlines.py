@@ -20,7 +20,7 @@ async def settle(rounds: int = 6) -> None:
 
 
 def timers(sem: MeteredSemaphore) -> int:
-    return 0 if sem._deadlines is None else len(sem._deadlines.timers)
+    return 0 if sem._queue._deadlines is None else len(sem._queue._deadlines.timers)
 
 
 @pytest.mark.parametrize(

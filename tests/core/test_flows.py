@@ -226,7 +226,7 @@ async def test_memory_does_not_grow_with_flows_ever_seen() -> None:
         w.cancel()
     await settle()
     assert blocker
-    assert (sem._flows._heap, sem._held, sem._asks) == ([], {}, {})
+    assert (sem._queue._flows._heap, sem._held, sem._queue._asks) == ([], {}, {})
     assert sem.flow_statistics() == [FlowStatistics(None, 2, 0, 0)]  # only the blocker
 
 
@@ -242,7 +242,7 @@ async def test_flood_of_flows_the_choice_stays_fair() -> None:
 
     await asyncio.gather(*(caller(f) for f in range(8)))
     assert served == dict.fromkeys(range(8), 20)
-    assert (sem._flows._heap, sem.active) == ([], 0)
+    assert (sem._queue._flows._heap, sem.active) == ([], 0)
 
 
 def test_flow_statistics_read_from_another_thread_never_show_phantom_weight() -> None:
