@@ -30,7 +30,7 @@ from .limit import (
 )
 from .registry import register
 
-__all__ = ["LimitBase", "check_count", "check_seconds"]
+__all__ = ["LimitBase", "check_count", "check_seconds", "warn_capped"]
 
 _log = logging.getLogger("gym_concurrency.limits")
 
@@ -121,14 +121,7 @@ class LimitBase:
         """A waiter that asked `asked` was admitted at `granted`, the limit's size now: counted,
         and the first of this limit logged."""
         if not self._capped:
-            _log.warning(
-                "gym_concurrency: %s: a waiter asking for weight %d was admitted at %d, the size "
-                "the limit shrank to under it (counted in admission_capped, and logged only "
-                "this once)",
-                self._describe(),
-                asked,
-                granted,
-            )
+            warn_capped(self._describe(), asked, granted)
         self._capped += 1
 
     @property
@@ -299,6 +292,18 @@ class LimitBase:
         """Release what was handed to `waiter`, whose task left before it resumed."""
         self.settle(waiter)
         self.release()
+
+
+def warn_capped(describe: str, asked: int, granted: int) -> None:
+    """The warning for the first waiter of a limit admitted at less than it asked."""
+    _log.warning(
+        "gym_concurrency: %s: a waiter asking for weight %d was admitted at %d, the size "
+        "the limit shrank to under it (counted in admission_capped, and logged only "
+        "this once)",
+        describe,
+        asked,
+        granted,
+    )
 
 
 def check_count(owner: str, name: str, value: object, *, minimum: int = 0) -> None:

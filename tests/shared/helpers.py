@@ -47,7 +47,7 @@ class Limits:
         limit._tasks = []
         self.dead_clients += [limit._store._client, limit._store._mailbox_client]
         limit._store._client = limit._store._mailbox_client = None  # nothing more is sent
-        limit._closed = True
+        limit._state.close()  # (not limit.close(), which would tell Redis)
 
 
 def leases(client: redis.Redis, limit: SharedLimit) -> set[str]:
@@ -62,7 +62,7 @@ def queued(client: redis.Redis, limit: SharedLimit) -> list[str]:
 
 def held_ids(*limits: SharedLimit) -> set[str]:
     """The lease ids the given limits (processes) believe they hold."""
-    return {lease for limit in limits for lease in limit._held}
+    return {lease for limit in limits for lease in limit._state.held}
 
 
 async def settle(*limits: SharedLimit, within: float = 3.0) -> None:

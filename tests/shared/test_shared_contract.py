@@ -363,7 +363,7 @@ async def test_a_lost_notification_delays_a_waiter_at_most_about_a_second(
     (mailbox_task,) = waiting._tasks  # (the heartbeat runs on a thread of its own)
     mailbox_task.cancel()  # its notifications now go nowhere: a thief takes them
     thief = redis_server.client()
-    box = waiting.mailbox_prefix + waiting._proc
+    box = waiting.mailbox_prefix + waiting._store.proc
     holder.release()
     started = time.monotonic()
     # The notification is lost: the thief takes it, or the cancelled pop's connection did.

@@ -6,7 +6,8 @@ The heartbeat runs beside the event loop, as Redisson's lock watchdog does, with
 Redis connection of its own: a loop blocked for any length of time (a handler calling
 `time.sleep`, CPU-bound work) keeps its leases while the process lives, and `kill -9` still
 frees them within the lease. What it learns (grants, leases it could not renew) is handed
-to the event loop with `call_soon_threadsafe`.
+to the event loop with `call_soon_threadsafe`. Both read this process's side of the limit
+through `Waiting` (whether waiters queue in Redis; whether the limit closed).
 """
 
 from __future__ import annotations
@@ -16,19 +17,32 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
 
 from ._store import RECHECK_SECONDS, RedisStore
 from ._sync import RedisSync
 
-__all__ = ["Heartbeat", "mailbox"]
+__all__ = ["Heartbeat", "Waiting", "mailbox"]
 
 _log = logging.getLogger("gym_concurrency.limits.shared")
 
 _PROBE_SECONDS: Final = 0.25  # how often an unreachable Redis is tried again (at most)
 _TICK_SECONDS: Final = 0.1  # the heartbeat's nap between looks at what is due (no Redis call)
 _JOIN_SECONDS: Final = 2.0  # how long stop() waits for a call in flight
+
+
+class Waiting(Protocol):
+    """What the loops read of this process's side of the limit."""
+
+    @property
+    def queued_in_redis(self) -> bool:
+        """True while any waiter of this process queues (or is being queued) in Redis."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """True once the limit closed."""
+        ...
 
 
 class Heartbeat:
@@ -41,12 +55,14 @@ class Heartbeat:
         self,
         store: RedisStore,
         sync: RedisSync,
+        here: Waiting,
         *,
         lease_seconds: float,
         describe: str,
     ) -> None:
         self._store = store
         self._sync = sync
+        self._here = here
         self._period = lease_seconds / 3
         self._probe = min(_PROBE_SECONDS, lease_seconds / 8)
         self._describe = describe
@@ -115,7 +131,7 @@ class Heartbeat:
             try:
                 now = time.monotonic()
                 full = self._sync.renew_now or now >= last_full + self._period
-                if full or now >= self._sync.recheck_due(last, recheck):
+                if full or now >= self._recheck_due(last, recheck):
                     last = now
                     if full:
                         last_full = now
@@ -126,40 +142,41 @@ class Heartbeat:
             if self._sync.renew_now:
                 pause = self._probe
             else:  # short naps (no Redis call): waiters that arrive meanwhile are seen soon
-                due = min(last_full + self._period, self._sync.recheck_due(last, recheck))
+                due = min(last_full + self._period, self._recheck_due(last, recheck))
                 pause = min(_TICK_SECONDS, due - time.monotonic())
             stopped.wait(max(0.0, pause))
         store.close_blocking(client)
 
+    def _recheck_due(self, last: float, recheck: float) -> float:
+        """When waiters of this process should look for a lost notification or an expired
+        lease (never, without waiters)."""
+        if self._here.queued_in_redis:
+            return min(last + recheck, self._store.next_expiry)
+        return float("inf")
+
 
 async def mailbox(
-    store: RedisStore,
-    box: str,
-    *,
-    granted: Callable[[str], None],
-    broken: Callable[[], None],
-    closed: Callable[[], bool],
-    describe: str,
+    store: RedisStore, sync: RedisSync, here: Waiting, box: str, *, describe: str
 ) -> None:
-    """Wake this process's waiters: Redis pushes each lease it grants them to `box`, read
-    here with a blocking pop and handed to `granted(lease)`. `broken()` when a pop fails
-    (Redis restarted or away: the heartbeat should renew at once)."""
+    """Wake this process's waiters until the limit closes: Redis pushes each lease it grants
+    them to `box`, read here with a blocking pop and handed to `sync.notified(lease)`; a pop
+    that fails (Redis restarted or away) asks the heartbeat to renew at once."""
     backoff = 0.05
     task = asyncio.current_task()
-    while not closed():
+    while not here.closed:
         try:
             lease = await store.next_grant(box)
         except Exception as error:  # Redis away or restarted: renew now; try again soon
             if task is not None and task.cancelling():  # a cancel the client made an error
                 raise asyncio.CancelledError from error  # (asyncio.run's shutdown waits on it)
             _log.debug("gym_concurrency: %s: mailbox: %r", describe, error)
-            broken()
+            sync.renew_at_once()
             await asyncio.sleep(backoff)
             backoff = min(2 * backoff, RECHECK_SECONDS)
             continue
         backoff = 0.05
         if lease is not None:
-            granted(lease)
+            sync.notified(lease)
         if task is not None and task.cancelling():
             # A cancel the client swallowed (redis-py 8 can, on a pop in flight): each pop
             # ends within a re-check, so the loop would pop on and asyncio.run's shutdown,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from ._store import SyncReply
+from ._replies import SyncReply
 
 __all__ = ["log_renewal"]
 

@@ -1,5 +1,5 @@
-"""One shared limit's Redis, as this process sees it: the scripts, a typed reply per script
-(unpacked here and nowhere else), and the global state as last seen.
+"""One shared limit's Redis, as this process sees it: the scripts (answering the typed replies
+of `_replies`), and the global state as last seen, written here and nowhere else.
 
 Every script call carries the same head of arguments (see `scripts`) and answers the same
 head of values; `RedisStore` keeps the newest answer's figures as plain numbers, so that
@@ -23,69 +23,24 @@ from ..limit import LimitConfigurationError
 from . import scripts
 from ._connection import Connection, misconfiguration, safe_url
 from ._lane import ScriptLane
+from ._replies import (
+    AcquireReply,
+    ConfigureReply,
+    Reply,
+    SyncReply,
+    acquire_reply,
+    common_reply,
+    configure_reply,
+    sync_reply,
+)
 
-__all__ = [
-    "AcquireReply",
-    "ConfigureReply",
-    "PendingSize",
-    "RedisStore",
-    "Reply",
-    "SyncReply",
-]
+__all__ = ["RECHECK_SECONDS", "PendingSize", "RedisStore"]
 
 _log = logging.getLogger("gym_concurrency.limits.shared")
 
 RECHECK_SECONDS: Final = 1.0  # the longest a lost notification can delay a waiter
 _EXPIRY_MARGIN: Final = 0.005  # re-check this long after a lease is due to expire
 _STAMP_STEP_BACK: Final = 1_000_000  # µs: an older stamp by more than this is a clock stepped back
-
-# Per waiter id, in the acquire script's reply.
-QUEUED: Final = 0
-ADMITTED: Final = 1
-SHED: Final = 2
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """What every script answers: its status, the global size, the weight held and the
-    waiters queued, Redis's clock (µs), the milliseconds until a lease may expire or a grace
-    period ends (-1: none), the weight queued and the flows with a waiter."""
-
-    status: int
-    limit: int
-    held: int
-    queued: int
-    stamp: int
-    expiry_ms: int
-    queued_weight: int
-    flows: int
-
-
-@dataclass(frozen=True, slots=True)
-class AcquireReply(Reply):
-    """The acquire script's answer: a status per waiter id sent (QUEUED, ADMITTED, SHED)."""
-
-    statuses: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class SyncReply(Reply):
-    """The sync script's answer: waiters of this process handed a slot, held leases Redis
-    had lost (re-registered), waiters Redis had lost (re-queued at the back)."""
-
-    granted: tuple[str, ...]
-    reclaimed: tuple[str, ...]
-    requeued: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigureReply(Reply):
-    """The configure script's answer: status `scripts.CONFLICT` if live processes use
-    another size; `configured` is the size processes start with (None if none was set);
-    `eviction` Redis's maxmemory-policy where a maxmemory is set ("" where none is)."""
-
-    configured: int | None
-    eviction: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,18 +50,6 @@ class PendingSize:
 
     size: int
     kind: Literal["configure", "resize"]
-
-
-_HEAD: Final = 8  # the common head's length: a script's own answers follow it
-
-
-def _head(raw: list[Any]) -> tuple[int, int, int, int, int, int, int, int]:
-    """The common head of a script's reply: status, limit, held, queued, stamp, expiry_ms,
-    queued_weight, flows."""
-    status, limit, held, queued, stamp, expiry_ms, queued_weight, flows = (
-        int(v) for v in raw[:_HEAD]
-    )
-    return status, limit, held, queued, stamp, expiry_ms, queued_weight, flows
 
 
 class RedisStore:
@@ -205,33 +148,31 @@ class RedisStore:
         """Remove `removals` (as `remove`), then queue (or admit, or shed) waiters `ids`, in
         this order."""
         bound = -1 if max_queue is None else max_queue
-        raw = await self._call("acquire", [bound, len(removals), *removals, *ids])
-        return AcquireReply(*_head(raw), statuses=tuple(int(s) for s in raw[_HEAD]))
+        return acquire_reply(await self._call("acquire", [bound, len(removals), *removals, *ids]))
 
     async def remove(self, ids: list[str]) -> Reply:
         """Remove leases given back and waiters that left; their slots pass on."""
-        return Reply(*_head(await self._call("remove", ids)))
+        return common_reply(await self._call("remove", ids))
 
     async def leave(self, ids: list[str]) -> Reply:
         """This process closes: remove `ids`, leave the members, drop the mailbox."""
-        return Reply(*_head(await self._call("leave", ids)))
+        return common_reply(await self._call("leave", ids))
 
     async def configure(self, pending: PendingSize) -> ConfigureReply:
         """Write a configured size or a resize."""
         raw = await self._call("configure", [pending.size, pending.kind])
-        return self._eviction_said(_configure_reply(raw))
+        return self._eviction_said(configure_reply(raw))
 
     def sync_blocking(self, held: list[str], queued: list[str], drops: list[str]) -> SyncReply:
         """Renew `held` and `queued`, drop `drops`; learn of grants and of what Redis lost
         (from the heartbeat thread)."""
         raw = self._call_blocking("sync", [len(held), *held, len(queued), *queued, *drops])
-        granted, reclaimed, requeued = (tuple(ids) for ids in raw[_HEAD : _HEAD + 3])
-        return SyncReply(*_head(raw), granted=granted, reclaimed=reclaimed, requeued=requeued)
+        return sync_reply(raw)
 
     def configure_blocking(self, pending: PendingSize) -> ConfigureReply:
         """`configure`, from the heartbeat thread."""
         raw = self._call_blocking("configure", [pending.size, pending.kind])
-        return self._eviction_said(_configure_reply(raw))
+        return self._eviction_said(configure_reply(raw))
 
     def _eviction_said(self, reply: ConfigureReply) -> ConfigureReply:
         """Say once (the first size written, at start) if Redis may evict the limit's keys:
@@ -288,25 +229,68 @@ class RedisStore:
     def _answered(self, raw: list[Any]) -> None:
         """Keep the newest answer's figures (an older one that arrives later is ignored);
         Redis answers: it is up."""
-        reply = Reply(*_head(raw))
+        answer = common_reply(raw)
         with self._lock:
             self._contacted = True
             self.misconfiguration_seen = None
             if self.down:
                 self.down = False
                 _log.warning("gym_concurrency: %s reaches Redis again", self._describe)
-            if reply.stamp < self._stamp and reply.stamp >= self._stamp - _STAMP_STEP_BACK:
+            if answer.stamp < self._stamp and answer.stamp >= self._stamp - _STAMP_STEP_BACK:
                 return
-            self._stamp = reply.stamp
-            self.held, self.queued = reply.held, reply.queued
-            self.queued_weight, self.flows = reply.queued_weight, reply.flows
+            self._stamp = answer.stamp
+            self.held, self.queued = answer.held, answer.queued
+            self.queued_weight, self.flows = answer.queued_weight, answer.flows
             if self.pending is None or self.pending.kind != "resize":
-                self.limit = reply.limit  # (else this process's resize, not yet applied, wins)
+                self.limit = answer.limit  # (else this process's resize, not yet applied, wins)
             self.next_expiry = (
-                time.monotonic() + reply.expiry_ms / 1000 + _EXPIRY_MARGIN
-                if reply.expiry_ms >= 0
+                time.monotonic() + answer.expiry_ms / 1000 + _EXPIRY_MARGIN
+                if answer.expiry_ms >= 0
                 else math.inf
             )
+
+    # --- the size and the state's health ------------------------------------------------
+
+    def resize(self, limit: int) -> None:
+        """This process sets the global size: in force here at once, and over the sizes Redis
+        answers until it is written (`pending`)."""
+        self.limit = limit
+        self.pending = PendingSize(limit, "resize")
+
+    def sized(self, pending: PendingSize, reply: ConfigureReply) -> LimitConfigurationError | None:
+        """The configure script answered for `pending`: written (pending no longer, unless a
+        newer size is), or in conflict with the size live processes use: the error, and this
+        limit misconfigured until a size is accepted."""
+        if reply.status == scripts.CONFLICT:
+            message = (
+                f"{self._describe}: redis_url {self.redis_url}: this process is configured "
+                f"with size {pending.size}, but processes that share the limit use size "
+                f"{reply.limit}"
+                + (f" (configured {reply.configured})" if reply.configured is not None else "")
+                + ": change a shared limit's size with resize() (or a settings reload), or "
+                "stop the processes with the other size first"
+            )
+            self.pending = None
+            self.misconfigured = message
+            return LimitConfigurationError(message)
+        if self.pending == pending:
+            self.pending = None
+        if self.misconfigured is not None:  # a size conflict (nothing else gets an answer)
+            _log.warning(
+                "gym_concurrency: %s: size %d accepted: admitting again",
+                self._describe,
+                pending.size,
+            )
+            self.misconfigured = None
+        return None
+
+    def misconfigure(self, message: str) -> None:
+        """A start failed on a misconfiguration: admissions are refused from now on."""
+        self.misconfigured = message
+
+    def restore_state(self) -> None:
+        """A full renewal is sent: it restores the limit's state if Redis had lost it."""
+        self.state_missing = False
 
     # --- failures and closing --------------------------------------------------------
 
@@ -393,10 +377,3 @@ def _register(client: Any) -> dict[str, Any]:
         "sync": client.register_script(scripts.SYNC),
         "configure": client.register_script(scripts.CONFIGURE),
     }
-
-
-def _configure_reply(raw: list[Any]) -> ConfigureReply:
-    configured, eviction = str(raw[_HEAD]), str(raw[_HEAD + 1])
-    return ConfigureReply(
-        *_head(raw), configured=int(configured) if configured else None, eviction=eviction
-    )

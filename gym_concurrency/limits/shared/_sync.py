@@ -3,10 +3,13 @@ order, a batch per call), leases and waiters to remove, sizes to write, and the 
 everything this process holds or queues (which also learns of grants whose notification was
 lost, re-registers what Redis lost, and finds leases it could not renew in time).
 
-Sizes are written by `SizeSync` (_sizes.py). Registering and removing run on the event loop;
-the renewal runs on the heartbeat thread (`renew`). They meet in `lock`, which guards what a
-renewal in flight names (a removal of one of those waits until it is done, so that the
-renewal cannot bring it back), the ids still to drop, and the leases found lost.
+What it reads of this process (the slots held here, the waiters Redis has a ticket for) and
+what it tells it (Redis's answers, grants, leases not renewed in time) goes through
+`ProcessSide`, which `ProcessState` (_process_state.py) is; sizes are written by `sizes`
+(_sizes.py). Registering and removing run on the event loop; the renewal runs on the
+heartbeat thread (`renew`). They meet in `lock`, which guards what a renewal in flight names
+(a removal of one of those waits until it is done, so that the renewal cannot bring it
+back), the ids still to drop, and the leases found lost.
 """
 
 from __future__ import annotations
@@ -17,16 +20,16 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable
-from typing import Any, Final
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import Any, Final, Protocol
 
-from ._held import HeldLeases, lease_weight, waiter_id
 from ._renewal_log import log_renewal
-from ._sizes import SizeSync
-from ._store import ADMITTED, SHED, RedisStore, SyncReply
-from ._waiters import Waiter, Waiters
+from ._replies import SyncReply
+from ._sizes import Sizes
+from ._store import RedisStore
+from ._waiters import Waiter
 
-__all__ = ["RedisSync"]
+__all__ = ["ProcessSide", "RedisSync"]
 
 _log = logging.getLogger("gym_concurrency.limits.shared")
 
@@ -34,43 +37,69 @@ _BATCH: Final = 256  # waiters registered (or leases removed) in one script call
 _RECHECK_WAITERS: Final = 64  # the oldest waiters a re-check asks about
 
 
-class RedisSync(SizeSync):
-    """What this process must still tell Redis, and the grants Redis tells it of.
+class ProcessSide(Protocol):
+    """What RedisSync reads of this process's side of the limit, and tells it (on the event
+    loop, except `held` and `registered_ids`, which the heartbeat thread reads too)."""
 
-    `held` (id -> monotonic time Redis last confirmed it, for every slot held here: leases,
-    and the local fallback's) and `waiters` are the limit's own; `shed(waiter)` and
-    `unreachable(waiter)` end a waiter the limit's way; `closed()` says the limit closed;
-    `lost(ids)` runs on the event loop when leases could not be renewed within the lease,
-    `back()` when a renewal worked after Redis was away."""
+    @property
+    def held(self) -> Mapping[str, float]:
+        """The slots held here (leases, and the local fallback's): id -> when Redis last
+        confirmed it (monotonic)."""
+        ...
+
+    def registered_ids(self, at_most: int | None = None) -> list[str]:
+        """The waiters Redis has a ticket for, oldest first (`at_most` of them)."""
+        ...
+
+    def sendable(self, waiter: Waiter) -> bool:
+        """True if `waiter` is to be sent to Redis now; else it ended here, or is refused or
+        goes to the local fallback (Redis away, the limit closed)."""
+        ...
+
+    def registered(self, waiter: Waiter, status: int) -> None:
+        """Redis answered for `waiter`: QUEUED, ADMITTED or SHED (`_replies`)."""
+        ...
+
+    def unanswered(self, waiter: Waiter) -> None:
+        """The call that sent `waiter` failed: Redis is away."""
+        ...
+
+    def waiting_since(self, lease: str) -> float | None:
+        """When the waiter that `lease` was granted to was sent, while it waits (else None)."""
+        ...
+
+    def granted(self, lease: str) -> None:
+        """Redis handed `lease` a slot."""
+        ...
+
+    def redis_back(self) -> None:
+        """A renewal worked after Redis was away."""
+        ...
+
+    def leases_lost(self, leases: tuple[str, ...]) -> None:
+        """`leases` could not be renewed within the lease."""
+        ...
+
+
+class RedisSync:
+    """What this process must still tell Redis, and the grants Redis tells it of, for the
+    process side `here`."""
 
     def __init__(
         self,
         store: RedisStore,
-        waiters: Waiters,
-        held: HeldLeases,
+        here: ProcessSide,
         *,
         max_queue: int | None,
         lease_seconds: float,
-        shed: Callable[[Waiter], None],
-        unreachable: Callable[[Waiter], None],
-        lost: Callable[[tuple[str, ...]], None],
-        back: Callable[[], None],
-        capped: Callable[[int, int], None],
-        closed: Callable[[], bool],
         describe: str,
     ) -> None:
         self._store = store
-        self._waiters = waiters
-        self._held = held
+        self._here = here
         self._max_queue = max_queue
         self._lease_seconds = lease_seconds
-        self._shed = shed
-        self._unreachable = unreachable
-        self._on_lost = lost
-        self._on_back = back
-        self._on_capped = capped  # (asked, granted): a waiter granted less than it asked
-        self._closed = closed
         self._describe = describe
+        self.sizes = Sizes(store)
         self.lock = threading.Lock()  # the event loop and the heartbeat thread
         # Ids to remove from Redis once it answers again -> until when (monotonic) to keep
         # removing them: a call that timed out may still run in Redis after the first removal
@@ -88,8 +117,6 @@ class RedisSync(SizeSync):
         self._unsent: list[Waiter] = []  # waiters not yet sent to Redis, in arrival order
         self._unremoved: list[str] = []  # ids given back, not yet removed from Redis
         self._sending = False
-        self._size_lock = asyncio.Lock()
-        self.connecting = False  # connect() applies the size and raises a conflict: not here
         self._loop: asyncio.AbstractEventLoop | None = None
         self.background: set[asyncio.Task[None]] = set()
 
@@ -99,7 +126,7 @@ class RedisSync(SizeSync):
         self._unsent.clear()
         self._unremoved.clear()
         self._sending = False
-        self._size_lock = asyncio.Lock()
+        self.sizes.start()
         self.background = set()  # (tasks of an earlier loop, or of the parent process)
         # New locks: a forked child must not inherit one its parent's thread held.
         self.lock = threading.Lock()
@@ -156,25 +183,13 @@ class RedisSync(SizeSync):
                     removals = []
                 batch = self._unsent[:_BATCH]
                 del self._unsent[:_BATCH]
-                waiters = [waiter for waiter in batch if self._to_send(waiter)]
+                waiters = [waiter for waiter in batch if self._here.sendable(waiter)]
                 if waiters:
                     await self._register_batch(waiters, removals)
                 elif removals:
                     await self._remove_batch(removals)
         finally:
             self._sending = False
-
-    def _to_send(self, waiter: Waiter) -> bool:
-        """True if `waiter` is to be sent now; else it ends here (or goes to the fallback)."""
-        if not self._waiters.current(waiter):
-            return False  # ended before it was sent: nothing to undo
-        if waiter.future.done():  # cancelled with its task: counted when it leaves
-            self._waiters.end(waiter)
-        elif self.refusing() or self._closed():
-            self._unreachable(waiter)
-        else:
-            return True
-        return False
 
     def refusing(self) -> bool:
         """True while this process must not ask Redis for slots: Redis is away, leases of
@@ -218,73 +233,31 @@ class RedisSync(SizeSync):
                 self._store.failed("acquire", error)
             self.drop_later([*removals, *ids])  # (they may have run: removed once it answers)
             for waiter in waiters:
-                if self._waiters.current(waiter):
-                    self._unreachable(waiter)
+                self._here.unanswered(waiter)
             if not failed:
                 raise
             return
         for waiter, status in zip(waiters, reply.statuses, strict=True):
-            self._registered(waiter, status)
+            self._here.registered(waiter, status)
 
-    def _registered(self, waiter: Waiter, status: int) -> None:
-        """Redis answered for `waiter`: admitted, shed, or queued (a notification or the
-        re-check admits it later)."""
-        lease = waiter.id
-        assert lease is not None
-        waiter.registered = status != SHED  # (a renewal must not queue it again)
-        if not self._waiters.current(waiter) or waiter.future.done():
-            # It ended meanwhile (timeout, leave, cancel), or a notification was first.
-            if lease not in self._held:
-                self._waiters.end(waiter)
-                if status != SHED:
-                    self.remove(lease)
-            return
-        if status == ADMITTED:
-            self._admit(waiter, lease)
-        elif status == SHED:
-            self._shed(waiter)
-
-    def hold_fallback(self, lease: str) -> None:
-        """The local fallback admitted slot `lease`: held here, and registered in Redis as a
-        lease by the heartbeat before anything more is asked of it."""
+    def register_later(self, lease: str) -> None:
+        """The local fallback admitted slot `lease` (held here): the heartbeat registers it in
+        Redis as a lease before anything more is asked of Redis (`refusing()` until then)."""
         with self.lock:
             self.unregistered.add(lease)
-        self._held.hold_fallback(lease)
-
-    def _admit(self, waiter: Waiter, lease: str) -> None:
-        self._waiters.admitted(waiter)
-        self._held[lease] = waiter.sent_at  # (its deadline was set then, or renewed since)
-        if lease != waiter.id:  # granted the whole of a limit shrunk under its weight
-            self._on_capped(waiter.weight, lease_weight(lease))
-        waiter.future.set_result("admitted")
 
     def notified(self, lease: str) -> None:
         """The mailbox says Redis handed `lease` a slot. Trusted while this process's
         renewals are recent: else the lease may have expired since (a process cut off, or
         stopped), so the next renewal, which renews it in the same step, says (`granted`)."""
-        waiter = self._waiters.named(waiter_id(lease))
-        if waiter is not None and not waiter.future.done():
-            confirmed = max(waiter.sent_at, self.renewed_at)
+        sent = self._here.waiting_since(lease)
+        if sent is not None:
+            confirmed = max(sent, self.renewed_at)
             stale = time.monotonic() > confirmed + self._lease_seconds * 2 / 3
             if self.refusing() or stale:
                 self.renew_soon = True
                 return
-        self.granted(lease)
-
-    def granted(self, lease: str) -> None:
-        """Redis handed `lease` (a waiter's id, or one granted less: `_held`) a slot: admit
-        its waiter, or pass it on."""
-        waiter = self._waiters.named(waiter_id(lease))
-        if waiter is None:
-            if lease not in self._held:  # it ended here already: give the slot back
-                self.remove(lease)
-            return
-        if waiter.future.done():  # cancelled with its task: counted when it leaves
-            self._waiters.end(waiter)
-            if waiter.registered:
-                self.remove(lease)
-            return
-        self._admit(waiter, lease)
+        self._here.granted(lease)
 
     # --- removing leases and waiters -------------------------------------------------
 
@@ -323,18 +296,19 @@ class RedisSync(SizeSync):
         fallback's slots. A re-check (not `full`) names only this process's oldest waiters,
         the first to be handed a slot (FIFO): it costs the same with ten waiters or ten
         thousand. A renewal that fails finds the leases not renewed within the lease."""
+        here = self._here
         with self._renewing:
             if not self._store.blocking_started:
                 return
             with self.lock:
-                held = list(self._held) if full else []
-                queued = self._waiters.registered_ids(None if full else _RECHECK_WAITERS)
-                drops = [i for i in self.dropping if i not in self._held]
+                held = list(here.held) if full else []
+                queued = here.registered_ids(None if full else _RECHECK_WAITERS)
+                drops = [i for i in self.dropping if i not in here.held]
                 fresh = self.unregistered.intersection(held)
                 self._inflight = {*held, *queued}
             sent = time.monotonic()
             if full:
-                self._store.state_missing = False  # (this renewal restores the state)
+                self._store.restore_state()
                 self.renew_soon = False  # (set again meanwhile: another full renewal at once)
             # Leases a lease past their last confirmation were lost even if this renewal
             # works: the process (or this thread) was stopped meanwhile, Redis ran on.
@@ -365,8 +339,8 @@ class RedisSync(SizeSync):
                 with self.lock:
                     back, self.lost = len(self.lost), set()
             self._post(self._renewed, reply, deferred, fresh, back, was_refusing)
-            if full and self._store.pending is not None and not self.connecting:
-                self.apply_size_blocking()
+            if full:
+                self.sizes.after_renewal()
 
     def _undropped(self, drops: list[str]) -> bool:
         with self.lock:
@@ -379,7 +353,7 @@ class RedisSync(SizeSync):
         one held here (its grant came through the mailbox before its call's error)."""
         with self.lock:
             for ident in ids:
-                if ident not in self._held:
+                if ident not in self._here.held:
                     self.dropping.setdefault(ident, math.inf)
 
     def _settle(
@@ -414,11 +388,11 @@ class RedisSync(SizeSync):
         """On the event loop: what a renewal learned."""
         self._remove_all(deferred)
         if was_away and not self.refusing():
-            self._on_back()
+            self._here.redis_back()
         for lease in reply.granted:
-            self.granted(lease)
+            self._here.granted(lease)
         reclaimed = [lease for lease in reply.reclaimed if lease not in fresh]
-        log_renewal(self._describe, reply, len(self._held), len(reclaimed), len(fresh), back)
+        log_renewal(self._describe, reply, len(self._here.held), len(reclaimed), len(fresh), back)
 
     def _find_lost(self, now: float) -> None:
         """Leases whose deadline in Redis may have passed: not renewed since they were last
@@ -427,7 +401,7 @@ class RedisSync(SizeSync):
         with self.lock:
             newly = tuple(
                 ident
-                for ident, confirmed in list(self._held.items())
+                for ident, confirmed in list(self._here.held.items())
                 if ident not in self.unregistered
                 and ident not in self.lost
                 and max(confirmed, self.renewed_at) + lease < now
@@ -435,11 +409,4 @@ class RedisSync(SizeSync):
             self.lost.update(newly)
             self.lease_lost += len(newly)
         if newly:
-            self._post(self._on_lost, newly)
-
-    def recheck_due(self, last: float, recheck: float) -> float:
-        """When waiters of this process should look for a lost notification or an expired
-        lease (never, without waiters)."""
-        if self._waiters.queued_in_redis:
-            return min(last + recheck, self._store.next_expiry)
-        return float("inf")
+            self._post(self._here.leases_lost, newly)

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
+import functools
 import os
-import uuid
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from typing import Final
 
 from .._base import LimitBase, check_count
 from ..deadlines import check_deadline
+from ..flows import FlowStatistics
 from ..limit import Admission, GlobalStatistics, LimitConfigurationError, LimitStatistics
-from ._away import AwayMixin
+from . import scripts
 from ._checks import (
     RedisUnavailable,
     check_ask,
@@ -36,15 +36,9 @@ from ._checks import (
     check_timing,
     check_url,
 )
-from ._ends import EndsMixin
-from ._fallback import Fallback
-from ._held import HeldLeases, lease_id
 from ._loops import Heartbeat, mailbox
-from ._process_flows import ProcessFlowsMixin
-from ._settings import SettingsMixin
-from ._store import PendingSize, RedisStore
-from ._sync import RedisSync
-from ._waiters import Waiter, Waiters
+from ._process_state import ProcessState
+from ._store import RedisStore
 
 __all__ = ["LeaseLostHook", "RedisUnavailable", "SharedLimit"]
 
@@ -55,7 +49,7 @@ LeaseLostHook = Callable[["SharedLimit", tuple[str, ...]], None]
 _CLOSE_SECONDS: Final = 2.0  # how long close() waits for in-flight Redis calls
 
 
-class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, ProcessFlowsMixin, LimitBase):
+class SharedLimit(LimitBase):
     """A FIFO concurrency limit shared across processes and hosts through Redis or Valkey.
 
     The same contract as MeteredSemaphore, globally: never more than `limit` weight held
@@ -74,6 +68,10 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, ProcessFlowsMixin, LimitB
     (those given), under `key_prefix`. `connect()` raises LimitConfigurationError for a
     misconfiguration (authentication, TLS, missing commands, a size other processes on the
     limit disagree with). Implements `gym_concurrency.limits.Limit`.
+
+    Its parts: `_store` (Redis, and the global state as last seen), `_state` (this
+    process's slots, waiters, local fallback and failure counts), `_sync` (what Redis must be
+    told, and what it answers: `_state`'s link to Redis), `_heartbeat` (renewals, a thread).
     """
 
     _scope = "global"
@@ -117,7 +115,6 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, ProcessFlowsMixin, LimitB
         self._lease_seconds = float(lease_seconds)
         self._mode: RedisUnavailable = redis_unavailable
         self._local_max = local_max_concurrent
-        self._unavailable = 0  # monotonic, like the other failure counters
         self._store = RedisStore(
             redis_url=redis_url,
             base_key=f"{key_prefix}:{{{shared_key}}}:",
@@ -130,38 +127,59 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, ProcessFlowsMixin, LimitB
             else "admitted through the local fallback",
             describe=self._describe(),
         )
-        # Slots held here, in the order taken: lease id (or the id a fallback slot will have
-        # in Redis) -> when Redis last confirmed it (monotonic); their weight, the fallback's.
-        self._held = HeldLeases()
-        self._on_lease_lost = on_lease_lost
-        self._waiters = Waiters()
-        self._fallback = (
-            Fallback(local_max_concurrent, max_queue) if local_max_concurrent is not None else None
-        )
-        self._closed = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._pid = 0
-        self._proc = ""
-        self._counter: Iterator[int] = itertools.count(1)
-        self._tasks: list[asyncio.Task[None]] = []
-        self._sync = RedisSync(
+        self._state = ProcessState(
             self._store,
-            self._waiters,
-            self._held,
+            fallback_slots=local_max_concurrent,
             max_queue=max_queue,
             lease_seconds=self._lease_seconds,
-            shed=self._refuse_shed,
-            unreachable=self._unsent_unreachable,
-            lost=self._leases_lost,
-            back=self._redis_back,
-            capped=self._count_capped,
-            closed=self._is_closed,
+            on_lease_lost=None if on_lease_lost is None else functools.partial(on_lease_lost, self),
             describe=self._describe(),
         )
+        self._sync = self._state.sync
         self._heartbeat = Heartbeat(
-            self._store, self._sync, lease_seconds=self._lease_seconds, describe=self._describe()
+            self._store,
+            self._sync,
+            self._state,
+            lease_seconds=self._lease_seconds,
+            describe=self._describe(),
         )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = 0
+        self._tasks: list[asyncio.Task[None]] = []
         self._register()
+
+    # --- settings --------------------------------------------------------------------
+
+    @property
+    def key(self) -> str:
+        """The name every process sharing this limit uses (default: `component/server/
+        limit_name`, those given)."""
+        return self._key
+
+    @property
+    def redis_keys(self) -> dict[str, str]:
+        """The Redis keys of this limit by role (mailboxes are `mailbox_prefix` + process)."""
+        return dict(zip(scripts.KEY_NAMES, self._store.keys, strict=True))
+
+    @property
+    def mailbox_prefix(self) -> str:
+        """The common prefix of this limit's per-process mailbox keys."""
+        return self._store.mailbox_prefix
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long a lease outlives its process's last heartbeat."""
+        return self._lease_seconds
+
+    @property
+    def redis_unavailable(self) -> RedisUnavailable:
+        """What an admission does when Redis cannot be reached: "refuse" or "local"."""
+        return self._mode
+
+    @property
+    def local_max_concurrent(self) -> int | None:
+        """Slots of the process-local fallback ("local" mode), else None."""
+        return self._local_max
 
     # --- state -----------------------------------------------------------------------
 
@@ -173,31 +191,33 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, ProcessFlowsMixin, LimitB
     @property
     def active(self) -> int:
         """Weight held in this process now (leases, and fallback slots while Redis was away)."""
-        return self._held.weight
+        return self._state.held.weight
 
     @property
     def available(self) -> int:
         """Weight free across all processes, as last seen; 0 while a shrunk limit drains.
         While Redis cannot be reached: 0 ("refuse"), or the local fallback's free slots."""
-        if self._sync.refusing() or self._closed:
-            return self._fallback.available if self._fallback is not None else 0
+        state = self._state
+        if self._sync.refusing() or state.closed:
+            return state.fallback.available if state.fallback is not None else 0
         return max(0, self._store.limit - self.global_active)
 
     @property
     def queue_depth(self) -> int:
         """Tasks of this process waiting for a slot now."""
-        return len(self._waiters)
+        return len(self._state.waiters)
 
     @property
     def queued_weight(self) -> int:
         """The weight this process's waiters ask for."""
-        return self._waiters.weight
+        return self._state.waiters.weight
 
     @property
     def global_active(self) -> int:
         """Weight held across all processes, as last seen (at least this process's own: a
         grant can reach it before the answer that counted it)."""
-        return max(self._store.held, self._held.weight - self._held.fallback_weight)
+        held = self._state.held
+        return max(self._store.held, held.weight - held.fallback_weight)
 
     @property
     def global_queue_depth(self) -> int:
@@ -205,10 +225,28 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, ProcessFlowsMixin, LimitB
         return self._store.queued
 
     @property
+    def admission_timeouts(self) -> int:
+        """Waits in this process that gave up after `timeout` seconds or their own deadline
+        (monotonic)."""
+        return self._state.timeouts
+
+    @property
+    def admission_shed(self) -> int:
+        """Admissions in this process refused at once: the global queue (or, while Redis is
+        away, the local fallback's) was full (monotonic)."""
+        return self._state.shed
+
+    @property
+    def admission_capped(self) -> int:
+        """Waiters in this process admitted at the size the limit shrank to under them, less
+        than they asked (monotonic)."""
+        return self._state.capped
+
+    @property
     def admission_unavailable(self) -> int:
         """Admissions in this process that could not reach Redis: refused, or admitted
         through the local fallback (monotonic)."""
-        return self._unavailable
+        return self._state.unavailable
 
     @property
     def admission_lease_lost(self) -> int:
@@ -220,22 +258,22 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, ProcessFlowsMixin, LimitB
     def connected(self) -> bool:
         """False while Redis is known to be unreachable (or leases of this process are lost
         and not counted in Redis again yet)."""
-        return not self._sync.refusing() and not self._closed
+        return not self._sync.refusing() and not self._state.closed
 
     def statistics(self) -> LimitStatistics:
         """This process's share, the global state as last seen, and `admission_unavailable`."""
-        store = self._store
+        store, state = self._store, self._state
         return LimitStatistics(
             limit=store.limit,
             active=self.active,
             available=self.available,
-            queue_depth=len(self._waiters),
-            admission_timeouts=self._timeouts,
+            queue_depth=len(state.waiters),
+            admission_timeouts=state.timeouts,
             admission_cancelled=self._cancelled,
-            admission_shed=self._shed,
-            queued_weight=self._waiters.weight,
-            flows=self._waiters.flows(),
-            admission_unavailable=self._unavailable,
+            admission_shed=state.shed,
+            queued_weight=state.waiters.weight,
+            flows=state.waiters.flows(),
+            admission_unavailable=state.unavailable,
             admission_lease_lost=self._sync.lease_lost,
             shared=GlobalStatistics(
                 self.global_active,
@@ -246,15 +284,21 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, ProcessFlowsMixin, LimitB
             ),
         )
 
+    def flow_statistics(self) -> list[FlowStatistics]:
+        """Every flow that holds weight or waits in this process now (the default flow is
+        None): its leases' weight (local fallback slots too), its waiters and their weight.
+        Read at export, from the exporter's thread too. Across processes: `statistics().shared`."""
+        return self._state.flow_statistics()
+
     def locked(self) -> bool:
         """True if an admission would wait (or fail) rather than be admitted at once."""
-        return self.available <= 0 or bool(self._waiters)
+        return self.available <= 0 or bool(self._state.waiters)
 
     def __repr__(self) -> str:
         name = f" {self._component}/{self._limit_name}" if self._limit_name else ""
         return (
             f"<{type(self).__name__}{name} key={self._key!r} limit={self.limit} "
-            f"active={self.active} queue_depth={len(self._waiters)}>"
+            f"active={self.active} queue_depth={len(self._state.waiters)}>"
         )
 
     def _describe(self) -> str:
@@ -282,41 +326,22 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, ProcessFlowsMixin, LimitB
         reached and the mode is "refuse"). `flow` (None or a string, named the same in every
         process) is served fairly across processes; FIFO within it."""
         flow = self._check_ask(weight, flow)
-        loop = asyncio.get_running_loop() if self._closed else self._bind()
-        future: asyncio.Future[Admission] = loop.create_future()
-        timeout, own = self._timeout, False
+        loop = asyncio.get_running_loop() if self._state.closed else self._bind()
         if deadline is not None:
             deadline = check_deadline(type(self).__name__, deadline)
-            if deadline <= 0:
-                self._timeouts += 1  # counted as a timeout, answered as its own refusal
-                future.set_result("deadline")
-                return future
-            own = timeout is None or deadline < timeout
-            timeout = deadline if own else timeout
-        if self._sync.refusing() or self._closed:
-            self._unreachable(self._add(Waiter(None, future, weight, flow), loop, timeout, own))
-            return future
-        ident = lease_id(self._proc, next(self._counter), weight, flow)
-        waiter = self._add(Waiter(ident, future, weight, flow), loop, timeout, own)
-        self._sync.send(waiter)
-        return future
+        return self._state.enqueue(loop, weight, flow, self._timeout, deadline)
 
     def _forget(self, waiter: asyncio.Future[Admission]) -> bool:
-        entry = self._waiters.of(waiter)
-        if entry is None:
-            return False
-        self._waiters.end(entry)
-        self._abandon(entry)
-        return True
+        return self._state.forget(waiter)
 
     def settle(self, waiter: asyncio.Future[Admission]) -> None:
         """The task awaiting `waiter` resumed: what it was handed is its own to release."""
-        self._waiters.settled(waiter)
+        self._state.settled(waiter)
 
     def _give_back(self, waiter: asyncio.Future[Admission]) -> None:
         """Release what was handed to `waiter` (its weight, in its flow), whose task left
         before it resumed."""
-        ask = self._waiters.settled(waiter)
+        ask = self._state.settled(waiter)
         if ask is not None:
             self.release(*ask)
 
@@ -326,46 +351,37 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, ProcessFlowsMixin, LimitB
     def release(self, weight: int = 1, flow: Hashable = None) -> None:
         """Give back a slot of `weight` in `flow` this process holds (a fallback slot first,
         else one of its leases, which Redis hands on fairly). ValueError if none is held."""
-        flow = self._check_ask(weight, flow, limit=False)
-        lease, fallen = self._held.give_back(weight, flow, self._describe())
-        if fallen and self._fallback is not None:
-            self._fallback.release(weight)
-        if not self._closed:
-            self._sync.remove(lease)
+        self._state.release(weight, self._check_ask(weight, flow, limit=False))
 
     def resize(self, limit: int) -> None:
         """Set the global number of slots (in Redis: every process sees it). Growing hands
         the new slots to waiters at once in FIFO order; shrinking never revokes a held slot.
         Applied as soon as Redis answers (again)."""
         check_count(type(self).__name__, "limit", limit)
-        self._store.limit = limit
-        self._store.pending = PendingSize(limit, "resize")
-        if self._loop is not None and not self._closed and not self._sync.refusing():
+        self._store.resize(limit)
+        if self._loop is not None and not self._state.closed and not self._sync.refusing():
             self._sync.spawn(self._resize())  # (else the heartbeat, once its holders count)
 
     async def _resize(self) -> None:
-        await self._sync.apply_size()
+        await self._sync.sizes.apply()
 
     # --- lifecycle -------------------------------------------------------------------
 
     async def connect(self) -> bool:
         """Start the heartbeat and the mailbox (done by the first admission anyway) and set
         the configured size; True if Redis answered. Never raises for an unreachable Redis."""
-        if self._closed:
+        if self._state.closed:
             return False
-        self._sync.connecting = True  # the size is applied here, its conflict raised once
-        try:
+        with self._sync.sizes.connecting():  # the size is applied here, its conflict raised once
             self._bind()
-            error = await self._sync.apply_size()
+            error = await self._sync.sizes.apply()
             if error is not None and not isinstance(error, LimitConfigurationError):
                 # The heartbeat's first call may say more (a TLS handshake that outlasted
                 # this call's timeout, say): a misconfiguration, or an outage after all.
                 await self._heartbeat.first_renewal(self._lease_seconds)
                 error = self._store.misconfigured_by(error)
-        finally:
-            self._sync.connecting = False
         if error is not None:
-            self._store.misconfigured = str(error)
+            self._store.misconfigure(str(error))
             await self.close()
             raise error
         return not self._store.down
@@ -374,9 +390,9 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, ProcessFlowsMixin, LimitB
         """Stop the heartbeat, end this process's waiters "unavailable", remove its leases
         and waiters from Redis, and close the connections. Later admissions are refused
         "unavailable" (or go to the local fallback)."""
-        if self._closed:
+        if self._state.closed:
             return
-        self._closed = True
+        self._state.close()
         if self._loop is None:
             return
         for task in self._tasks:
@@ -384,14 +400,7 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, ProcessFlowsMixin, LimitB
         await asyncio.wait(self._tasks)  # (they also stop on their own once closed)
         self._tasks = []
         await self._heartbeat.join()
-        ids = list(self._held) + self._waiters.registered_ids()
-        for waiter in self._waiters.all():
-            self._waiters.end(waiter)
-            if waiter.fallback is not None and self._fallback is not None:
-                self._fallback.leave(waiter.fallback)
-            if not waiter.future.done():
-                self._unavailable += 1
-                waiter.future.set_result("unavailable")
+        ids = self._state.end_waiters()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_CLOSE_SECONDS):
                 # Registrations in flight remove what they made. (A task that is done may
@@ -422,27 +431,15 @@ class SharedLimit(SettingsMixin, AwayMixin, EndsMixin, ProcessFlowsMixin, LimitB
         self._heartbeat.end_previous()  # (a new event loop: the old one closed)
         self._loop = loop
         self._pid = os.getpid()
-        self._proc = uuid.uuid4().hex  # this process's part of every id: never reused
-        self._counter = itertools.count(1)
-        self._held.clear()
-        self._waiters.clear()
+        proc = self._state.start()
         self._sync.start(loop)
-        self._store.start(self._proc)
+        self._store.start(proc)
         self._heartbeat.start()
         describe = self._describe()
+        box = self._store.mailbox_prefix + proc
         self._tasks = [
             loop.create_task(
-                mailbox(
-                    self._store,
-                    self._store.mailbox_prefix + self._proc,
-                    granted=self._sync.notified,
-                    broken=self._sync.renew_at_once,
-                    closed=self._is_closed,
-                    describe=describe,
-                ),
+                mailbox(self._store, self._sync, self._state, box, describe=describe),
                 name=f"{describe} mailbox",
             ),
         ]
-
-    def _is_closed(self) -> bool:
-        return self._closed

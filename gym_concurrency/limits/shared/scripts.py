@@ -2,6 +2,11 @@
 Redis (or Valkey), reads the limit's state once and writes it once, and keeps time with the
 limit's own clock (Redis `TIME`, never a client's, less the time Redis was stopped).
 
+The Lua is in `lua/` beside this module (package data): every script is `state.lua` (keys,
+arguments, the state read once), `flows.lua` (fair queuing by flow), `queue.lua` (clock,
+grace periods, leases, the queue, `answer()`) and its own file, read once at import into the
+constants below; `_store` registers them and unpacks their answers.
+
 Keys, all under one hash tag so that they live in one cluster slot (`KEYS` order):
 
 1. `limit`       the global number of slots (string): the size, kept while processes come
@@ -58,9 +63,8 @@ release 4, a waiter queued 5, a release that hands its slot on 9.
 
 from __future__ import annotations
 
+from importlib.resources import files
 from typing import Final
-
-from ._lua_prelude import PRELUDE
 
 __all__ = [
     "ACQUIRE", "CHECK_SERVER", "CONFIGURE", "CONFLICT", "KEY_NAMES", "LEAVE", "REMOVE", "SYNC",
@@ -74,6 +78,19 @@ KEY_NAMES: Final = (
 CONFLICT: Final = 3  # CONFIGURE's status: live processes hold another size for this limit
 
 
+def _lua(name: str) -> str:
+    """The text of `lua/<name>`, as installed with the package."""
+    return (files(__package__) / "lua" / name).read_text(encoding="utf-8")
+
+
+_PRELUDE: Final = "".join(_lua(name) for name in ("state.lua", "flows.lua", "queue.lua"))
+
+
+def _script(name: str) -> str:
+    """A script run with EVALSHA: the prelude every script shares, then its own `name`."""
+    return _PRELUDE + _lua(name)
+
+
 # ARGV[6] max_queue (-1: unbounded), ARGV[7] n, then n ids to remove first (as REMOVE: a
 # release and an acquire of the same moment cost one call), then new waiter ids in this
 # process's arrival order. Each is admitted at once if nobody queues, no grace period runs
@@ -81,65 +98,18 @@ CONFLICT: Final = 3  # CONFIGURE's status: live processes hold another size for 
 # Answers {0, limit, held, queued, stamp, expiry, queued weight, flows, statuses}: a status
 # per new id, 0 queued, 1 admitted (its weight fit), 2 shed. One heavier than the limit (its
 # process saw an older, larger size) is queued, and granted at once if the limit is idle.
-ACQUIRE: Final = (
-    PRELUDE
-    + """
-current_limit()
-local removals = tonumber(ARGV[7])
-for i = 8, 7 + removals do remove(ARGV[i]) end
-reap_leases()
-grant()
-local max_queue = tonumber(ARGV[6])
-local statuses = {}
-local over = false
-for i = 8 + removals, #ARGV do
-  local id = ARGV[i]
-  local status = 0
-  if S.queued == 0 and not in_grace() and S.held + weight(id) <= S.limit then
-    add_lease(id, now + TTL)
-    status = 1
-  elseif max_queue >= 0 and S.queued >= max_queue then
-    status = 2
-  else
-    enqueue(id)
-    over = over or weight(id) > S.limit
-  end
-  statuses[#statuses + 1] = status
-end
--- With flows, one queued behind others may be the fair next (its flow holds the least): it
--- is granted now, not at the next call; so is one over the limit, on a limit that is idle.
-if S.fw > 0 or over then grant() end
-return answer(0, statuses)
-"""
-)
+ACQUIRE: Final = _script("acquire.lua")
+
 
 # ARGV[6...] ids: leases given back, waiters that left, anything to drop. Frees their slots
 # to the oldest waiters. Answers the common head (see `answer`). Idempotent.
-REMOVE: Final = (
-    PRELUDE
-    + """
-current_limit()
-for i = 6, #ARGV do remove(ARGV[i]) end
-reap_leases()
-grant()
-return answer(0)
-"""
-)
+REMOVE: Final = _script("remove.lua")
+
 
 # A process closes: as REMOVE for ARGV[6...], and the process leaves the members and drops
 # its mailbox. Answers the common head.
-LEAVE: Final = (
-    PRELUDE
-    + """
-current_limit()
-for i = 6, #ARGV do remove(ARGV[i]) end
-redis.call('ZREM', K_MEMBERS, PROC)
-redis.call('DEL', MBOX .. PROC)
-reap_leases()
-grant()
-return answer(0)
-"""
-)
+LEAVE: Final = _script("leave.lua")
+
 
 # The heartbeat and re-check of one process. ARGV[6] = n held lease ids, then those ids;
 # then m queued waiter ids (count first), then ids to drop (the rest). It also checks the
@@ -151,61 +121,8 @@ return answer(0)
 # leaving it out would hand the same slots out twice. Queued waiters are renewed, reported
 # if they were handed a slot, re-queued at the back if Redis lost them (or lost the queue).
 # Answers the common head, then granted ids, re-registered ids, re-queued ids.
-SYNC: Final = (
-    PRELUDE
-    + """
-current_limit()
-if redis.call('EXISTS', K_LIMIT) == 0 then redis.call('SET', K_LIMIT, S.limit) end
-local leases, queued = redis.call('ZCARD', K_LEASES), redis.call('ZCARD', K_QUEUE)
-local recount = leases ~= S.leases or queued ~= S.queued
-if leases ~= S.leases then  -- (fewer: the leases key was lost)
-  if leases < S.leases then start_grace(TTL) end
-  S.held, S.leases = weight_of(K_LEASES)
-end
-if queued ~= S.queued then S.queued_weight, S.queued = weight_of(K_QUEUE) end
-if recount or flows_broken() then reflow() end
-if leases == 0 then S.earliest = 0 end
-reap_waiters()
-member()
-reap_leases()
-local n = tonumber(ARGV[6])
-local held_from, queued_from = 7, 8 + n
-local drops_from = queued_from + tonumber(ARGV[7 + n])
--- Drops first: a slot they free is one a lost lease may take back.
-for j = drops_from, #ARGV do remove(ARGV[j]) end
-local reclaimed, granted, requeued = {}, {}, {}
-for j = held_from, queued_from - 2 do
-  local id = ARGV[j]
-  if redis.call('ZADD', K_LEASES, 'XX', 'CH', now + TTL, id) == 0
-      and not redis.call('ZSCORE', K_LEASES, id) then
-    add_lease(id, now + TTL)
-    reclaimed[#reclaimed + 1] = id
-  end
-end
-local queue_lost = S.queued < redis.call('ZCARD', K_WEXP)
-for j = queued_from, drops_from - 1 do
-  local id = ARGV[j]
-  local waiting = redis.call('ZSCORE', K_WEXP, id)
-  if waiting and not (queue_lost and not redis.call('ZSCORE', K_QUEUE, id)) then
-    redis.call('ZADD', K_WEXP, now + TTL, id)
-  elseif redis.call('ZSCORE', K_LEASES, id) then
-    redis.call('ZADD', K_LEASES, now + TTL, id)
-    granted[#granted + 1] = id
-  else
-    local lease = redis.call('HGET', K_CAPPED, id)  -- (granted less than it asked?)
-    if lease and redis.call('ZSCORE', K_LEASES, lease) then
-      redis.call('ZADD', K_LEASES, now + TTL, lease)
-      granted[#granted + 1] = lease
-    else
-      enqueue(id)
-      requeued[#requeued + 1] = id
-    end
-  end
-end
-grant()
-return answer(0, granted, reclaimed, requeued)
-"""
-)
+SYNC: Final = _script("sync.lua")
+
 
 # ARGV[6] size, ARGV[7] "resize" (set it) or "configure" (a process starts with this size).
 # A configured size is taken if the limit's state is missing (restored as above), if it is
@@ -215,42 +132,8 @@ return answer(0, granted, reclaimed, requeued)
 # CONFLICT, nothing changed. Growing hands the new slots to the oldest waiters at once;
 # shrinking revokes nothing. Answers the common head, then the configured size or "", and
 # the maxmemory-policy if a maxmemory is set or "".
-CONFIGURE: Final = (
-    PRELUDE
-    + """
-reap_waiters()
-local CONFLICT = 3
-local size, kind = tonumber(ARGV[6]), ARGV[7]
-local configured = tonumber(redis.call('GET', K_CONFIGURED))
-local status = 0
-if S.limit == nil then
-  restore(size)
-  if kind == 'configure' then redis.call('SET', K_CONFIGURED, size) end
-elseif kind == 'resize' then
-  set_limit(size)
-elseif configured == nil then  -- (restored by a resize): the size in force stays
-  redis.call('SET', K_CONFIGURED, size)
-elseif size ~= configured and size ~= S.limit then
-  local others = redis.call('ZCARD', K_MEMBERS)
-  if redis.call('ZSCORE', K_MEMBERS, PROC) then others = others - 1 end
-  if others > 0 then
-    status = CONFLICT
-  else
-    set_limit(size)
-    redis.call('SET', K_CONFIGURED, size)
-  end
-end
-if status == 0 then member() end
-reap_leases()
-grant()
-local memory = redis.call('INFO', 'memory')
-local policy = ''
-if (tonumber(string.match(memory, 'maxmemory:(%d+)')) or 0) > 0 then
-  policy = string.match(memory, 'maxmemory_policy:([%w-]+)') or ''
-end
-return answer(status, tostring(configured or ''), policy)
-"""
-)
+CONFIGURE: Final = _script("configure.lua")
+
 
 # Run on every new connection, before its first command. KEYS: `limit`, `state`; ARGV[1]
 # lease milliseconds. If the limit's state was kept by another Redis than this one (a
@@ -259,18 +142,4 @@ return answer(status, tostring(configured or ''), policy)
 # reconnects after a failover, so one of them finds it before any script runs there.
 # Answers 1 if it started a grace period, 2 if the state is missing (a restart: the process
 # renews at once, so that its holders count again soon), else 0.
-CHECK_SERVER: Final = """
-local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
-if redis.call('EXISTS', KEYS[1]) == 0 then return 2 end
-local kept = redis.call('HGET', KEYS[2], 'run')
-redis.call('HSET', KEYS[2], 'run', run)
-if kept and kept ~= run then
-  local t = redis.call('TIME')
-  local real = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local until_ms = real + tonumber(ARGV[1])
-  local grace = tonumber(redis.call('HGET', KEYS[2], 'g')) or 0
-  redis.call('HSET', KEYS[2], 'g', math.max(grace, until_ms))
-  return 1
-end
-return 0
-"""
+CHECK_SERVER: Final = _lua("check_server.lua")

@@ -174,7 +174,7 @@ class Agent:
         log, which a test that timed out waiting on this agent shows)."""
         out = sys.stderr
         print(f"--- {self.name}: {why}; {self.limit!r} {self.limit.statistics()}", file=out)
-        for waiter in self.limit._waiters.all():
+        for waiter in self.limit._state.waiters.all():
             print(f"waiter {waiter.id} weight {waiter.weight} flow {waiter.flow} registered "
                   f"{waiter.registered} sent_at {waiter.sent_at}", file=out)  # fmt: skip
         for task in asyncio.all_tasks():

@@ -1,38 +1,28 @@
-"""The Lua of fair queuing by flow in a shared limit, spliced into every script's prelude
-(`_lua_prelude.PRELUDE`, which defines `S`, the keys and `weight`): the same rules as a process
-limit, with the held weight and the order global.
-
-A waiter of a named flow has an id ending `@<flow>`; one without is in the default flow.
-While only the default flow waits, the queue is the `queue` ZSET in ticket order and none of
-this runs (the default path costs nothing more). Once a named flow waits ("flow mode", `S.fw`
-named waiters queued), the next waiter is the head of the flow holding the least weight now
-(ties: the oldest head), FIFO within a flow:
-
-- `fq`     ZSET (all scores 0, ordered by member): `<flow>\\0<ticket, 15 digits><id>` for
-           every waiter of a named flow, so that a flow's head is one ZRANGEBYLEX.
-- `dq`     ZSET id -> ticket: the default flow's waiters that arrived in flow mode. Those
-           that arrived before it (tickets below `S.t0`) are the head of `queue`, since
-           nothing else queued then.
-- `ready`  ZSET `<ticket, 15 digits><id>` -> the weight its flow holds: the head of each
-           waiting flow, so that the next waiter is its first member.
-- `fheld`  HASH flow -> weight its leases hold (named flows holding any); `S.fh` is their
-           sum, so the default flow holds `S.held - S.fh`.
-
-In `state`: `fw` (`S.fw`), `fh` (`S.fh`), `f0` (`S.t0`), `x` (`S.chosen`), `fn` (`S.nf`, the
-flows in `ready`). `S.chosen` is the waiter chosen next that did not fit: it is never
-passed, and capacity that frees is kept for it (as in a process limit). Losing any of these
-keys admits nothing more (every decision reads the counts in `state`): `reflow()` rebuilds
-them from `queue` and `leases`, run when the state is rebuilt and whenever a renewal finds
-them disagree.
-"""
-
-from __future__ import annotations
-
-from typing import Final
-
-__all__ = ["FLOW_FUNCTIONS"]
-
-FLOW_FUNCTIONS: Final = r"""
+-- Fair queuing by flow in a shared limit (after state.lua, which defines `S`, the keys and
+-- `weight`): the same rules as a process limit, with the held weight and the order global.
+--
+-- A waiter of a named flow has an id ending `@<flow>`; one without is in the default flow.
+-- While only the default flow waits, the queue is the `queue` ZSET in ticket order and none
+-- of this runs (the default path costs nothing more). Once a named flow waits ("flow mode",
+-- `S.fw` named waiters queued), the next waiter is the head of the flow holding the least
+-- weight now (ties: the oldest head), FIFO within a flow:
+--
+-- `fq`     ZSET (all scores 0, ordered by member): `<flow>\0<ticket, 15 digits><id>` for
+--          every waiter of a named flow, so that a flow's head is one ZRANGEBYLEX.
+-- `dq`     ZSET id -> ticket: the default flow's waiters that arrived in flow mode. Those
+--          that arrived before it (tickets below `S.t0`) are the head of `queue`, since
+--          nothing else queued then.
+-- `ready`  ZSET `<ticket, 15 digits><id>` -> the weight its flow holds: the head of each
+--          waiting flow, so that the next waiter is its first member.
+-- `fheld`  HASH flow -> weight its leases hold (named flows holding any); `S.fh` is their
+--          sum, so the default flow holds `S.held - S.fh`.
+--
+-- In `state`: `fw` (`S.fw`), `fh` (`S.fh`), `f0` (`S.t0`), `x` (`S.chosen`), `fn` (`S.nf`,
+-- the flows in `ready`). `S.chosen` is the waiter chosen next that did not fit: it is never
+-- passed, and capacity that frees is kept for it (as in a process limit). Losing any of
+-- these keys admits nothing more (every decision reads the counts in `state`): `reflow()`
+-- rebuilds them from `queue` and `leases`, run when the state is rebuilt and whenever a
+-- renewal finds them disagree.
 local function flow_of(id)  -- nil: the default flow
   return string.match(id, '^[^@]*@(.*)$')
 end
@@ -187,4 +177,3 @@ local function flows_broken()
   return redis.call('ZCARD', K_FQ) ~= S.fw or defaults ~= S.queued - S.fw
     or redis.call('ZCARD', K_READY) ~= S.nf
 end
-"""
