@@ -137,7 +137,7 @@ class EnginePoller:
 
     async def _scrape(self, sent: float) -> None:
         config = self.config
-        base = self._admitted
+        base = self._admitted  # admissions made from here on may be missing from this scrape
         try:
             async with asyncio.timeout(config.timeout_seconds):
                 body = await config.fetch(self.url, config.timeout_seconds, config.max_bytes)
@@ -154,12 +154,22 @@ class EnginePoller:
             names = ", ".join(config.metrics.waiting.names)
             self._failed(f"no usable {names} in the scrape of {safe_url(self.url)}")
         else:
-            self.reading = Reading(load, sent, self.scrapes + 1)
-            self._base = base
-            self.scrapes += 1
-            if self.last_error is not None:
-                _log.info("engine %s: scraped again after: %s", safe_url(self.url), self.last_error)
-                self.last_error = None
+            self.landed(load, sent, base)
+
+    def landed(self, load: EngineLoad, sent: float, base: int) -> None:
+        """Take `load` as the reading: its scrape was sent at `sent` (loop time), when
+        `base` admissions had been counted; the count restarts from there."""
+        self.reading = Reading(load, sent, self.scrapes + 1)
+        self._base = base
+        self.scrapes += 1
+        if self.last_error is not None:
+            _log.info("engine %s: scraped again after: %s", safe_url(self.url), self.last_error)
+            self.last_error = None
+
+    @property
+    def admitted_total(self) -> int:
+        """Every admission counted, ever (what `landed` takes as `base`)."""
+        return self._admitted
 
     def _failed(self, error: str) -> None:
         self.failures += 1

@@ -5,12 +5,13 @@ A limit that follows an engine asks `admits(now, in_flight)` before each admissi
 `admitted(n)` for each it makes; both are O(1) on plain numbers kept in process, no await:
 
 - while the last reading is fresh, it admits while `waiting + admitted_since_scrape <
-  waiting_max` and (with `cache_max`) `cache_usage < cache_max`. With `batch_size` (the
-  engine's batch capacity, vLLM's `--max-num-seqs`), admissions first fill the batch slots
-  the reading showed free (`batch_size - running`, when nothing waited), and only those past
-  them count against `waiting_max`; and the caller never has more than `batch_size +
-  waiting_max` calls in flight, whatever a scrape says (calls admitted before a scrape was
-  served but not yet at the engine are in no reading and no count: this bounds them);
+  waiting_max` and (with `cache_max`) `cache_usage < cache_max`. With `batch_size` (the most
+  requests the engine runs at once: vLLM's `--max-num-seqs`, or fewer if its KV cache holds
+  fewer of these requests), admissions first fill the batch slots the reading showed free
+  (`batch_size - running`, when nothing waited), and only those past them count against
+  `waiting_max`; and the caller never has more than `batch_size + waiting_max` calls in
+  flight, whatever a scrape says (calls admitted before a scrape was served but not yet at
+  the engine are in no reading and no count: this bounds them);
 - while it is stale (older than `stale_after_seconds`, or none yet, or lacking a gauge the
   signal needs), it admits while `in_flight < floor`: the caller's own calls in flight to the
   engine. Never unlimited.
@@ -127,7 +128,7 @@ class EngineSignal:
         if self._batch_size is not None:
             if in_flight >= self._batch_size + self._waiting_max:
                 return False  # the caller's own calls would fill the batch and the queue
-            if waiting == 0:  # the free batch slots fill first
+            if waiting == 0:  # the free batch slots fill first (none while requests wait)
                 beyond -= max(0.0, self._batch_size - (load.running or 0.0))
         return waiting + max(0.0, beyond) < self._waiting_max
 

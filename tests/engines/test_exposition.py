@@ -122,16 +122,18 @@ def expositions(draw: st.DrawFn) -> Rendered:
         kind = draw(st.sampled_from(["sample", "sample", "help", "type", "comment", "blank"]))
         name = draw(st.sampled_from(NAMES))
         if kind == "help":
-            help_text = draw(st.text(st.characters(exclude_characters="\n\r")))
+            help_text = draw(st.text(st.characters(codec="utf-8", exclude_characters="\n\r")))
             text += f"# HELP {name} {help_text}\n"
         elif kind == "type":
             text += f"# TYPE {name} {draw(st.sampled_from(['gauge', 'counter', 'untyped']))}\n"
         elif kind == "comment":
-            text += f"#{draw(st.text(st.characters(exclude_characters=chr(10))))}\n"
+            text += f"#{draw(st.text(st.characters(codec='utf-8', exclude_characters=chr(10))))}\n"
         elif kind == "blank":
             text += draw(st.sampled_from(["", " ", "\t"])) + "\n"
         else:
-            labels = draw(st.dictionaries(label_names, st.text(), max_size=3))
+            labels = draw(
+                st.dictionaries(label_names, st.text(st.characters(codec="utf-8")), max_size=3)
+            )
             value = draw(floats)
             pairs = ",".join(f'{k}="{escaped(v)}"' for k, v in labels.items())
             line = name + (f"{{{pairs}}}" if labels or draw(st.booleans()) else "")
