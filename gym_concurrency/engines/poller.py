@@ -48,11 +48,10 @@ class PollerConfig:
 
 @dataclass(frozen=True, slots=True)
 class Reading:
-    """One scrape that gave a load: what it said, when it was sent (loop time), its number."""
+    """One scrape that gave a load: what it said and when it was sent (loop time)."""
 
     load: EngineLoad
     at: float
-    sequence: int
 
 
 class EnginePoller:
@@ -159,7 +158,7 @@ class EnginePoller:
     def landed(self, load: EngineLoad, sent: float, base: int) -> None:
         """Take `load` as the reading: its scrape was sent at `sent` (loop time), when
         `base` admissions had been counted; the count restarts from there."""
-        self.reading = Reading(load, sent, self.scrapes + 1)
+        self.reading = Reading(load, sent)
         self._base = base
         self.scrapes += 1
         if self.last_error is not None:

@@ -181,9 +181,11 @@ class EngineSignal:
         self._poller.remove_listener(listener)
 
     def start(self) -> None:
-        """Start polling now on the running loop (else the first `admits()` does)."""
+        """Start polling now on the running loop (else the first `admits()` does);
+        RuntimeError outside a running loop or once closed."""
         if not self._leave.alive:
             raise RuntimeError(f"EngineSignal({self.url!r}) is closed")
+        asyncio.get_running_loop()  # "no running event loop" rather than nothing at all
         self._poller.ensure_running()
 
     async def aclose(self) -> None:

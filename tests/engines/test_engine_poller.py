@@ -147,6 +147,8 @@ def test_a_signal_outlives_its_loop_and_polls_again_on_the_next(
     signal = EngineSignal(engine_url(), waiting_max=4, interval_seconds=0.02, fetch=bodies)
     assert signal.admits(time.monotonic(), in_flight=0)  # no running loop: the floor, no error
     assert bodies.calls == 0
+    with pytest.raises(RuntimeError, match="no running event loop"):
+        signal.start()
 
     async def scraped() -> float | None:
         signal.start()
