@@ -36,6 +36,7 @@ def import_without(library: str, statement: str) -> str:
             "0.27",
         ),
         ("aiohttp", "import gym_concurrency.clients.aiohttp", "limited_middleware", "3.12"),
+        ("httpx", "import gym_concurrency.clients.engine_fetch", "httpx_fetch", "0.27"),
     ],
 )
 def test_a_missing_client_library_says_which_extra_brings_it(
