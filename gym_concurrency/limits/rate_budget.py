@@ -1,0 +1,306 @@
+"""RateBudget: an upstream's per-minute budgets of tokens and requests, reserved before a call
+and settled from its usage after it.
+
+A budget counts what a minute allows, not what may run at once: `tokens_per_minute`,
+`requests_per_minute`, and where a provider splits them `input_tokens_per_minute` /
+`output_tokens_per_minute`. No burst ever takes more than one minute's budget. `shape` says
+how the minute is metered (docs/rate-budgets.md compares them):
+- `"sliding"` (the default): a window of the last minute (rate_window.py); a charge counts for
+  60 to 61 s and then refills. No 60 s interval ever holds more than the budget, whatever the
+  provider meters; capacity left idle while the next call waits is not kept for later.
+- `"bucket"`: a token bucket of one minute's budget, refilled continuously (token_bucket.py),
+  as OpenAI and Anthropic describe theirs; it keeps what was left idle (up to a minute's
+  worth), so one 60 s interval may hold up to twice the budget.
+
+- `reserve(tokens, input_tokens=, output_tokens=)` takes the estimate from every budget and
+  one request, all or none, and returns a `Reservation`; or, if any budget cannot hold it
+  now, the seconds until all of them can (exact: reserving at now + that succeeds, if nothing
+  else is charged meanwhile, and any sooner fails): an honest Retry-After.
+- `settle(reservation, usage)` charges what the call used: the unused part is refunded, an
+  overrun charged now. `charge_in_full(reservation)` closes a call that ended without usage
+  (aborted, failed, unparseable: it may have cost its whole estimate); `cancel(reservation)`
+  one that never reached the upstream (everything back, its request too).
+- `report(budget, remaining=, reset_at=)`: what the provider says remains until `reset_at`.
+  Until then admission uses the smaller of this budget's own remaining and the reported one
+  less what was reserved since the report; it never loosens past the configured budget. A
+  report observed earlier than the one in force is ignored (the freshest reading wins).
+- `statistics()` reads every budget at once as one frozen value, as anyio's CapacityLimiter
+  answers.
+
+An estimate is what the limit's weight rules price a call at (`openai_tokens`: the prompt's
+characters / 4 plus its `max_tokens`, else a default output; a `json:` number; an int): the
+most it may cost, refunded down to what it did. Plain numbers, a clock passed in (the event
+loop's `time()`, or anything monotonic), O(1) per call; no OpenTelemetry, no tasks: a limit
+calls it on its admission path and reads `statistics()` at export.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import get_args
+
+from ..usage import Usage
+from ._budget_parts import BudgetName, BudgetShape, MeteredBudget, ProviderWord
+
+__all__ = [
+    "BUDGETS",
+    "BudgetName",
+    "BudgetShape",
+    "BudgetStatistics",
+    "RateBudget",
+    "RateBudgetStatistics",
+    "Reservation",
+]
+
+BUDGETS: tuple[BudgetName, ...] = get_args(BudgetName)
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetStatistics:
+    """One budget now: its size a minute; what admission may take now (the smaller of its own
+    and the provider's word, never below 0); the estimates of calls not yet settled; what was
+    given back so far (estimates less usage, and cancelled calls); and the provider's last
+    reported remaining while it is in force (None: none)."""
+
+    budget: BudgetName
+    limit: int
+    remaining: int
+    reserved: int
+    refunded_total: int
+    reported_remaining: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RateBudgetStatistics:
+    """Every budget of a RateBudget, read at once; a budget not configured is None."""
+
+    tokens: BudgetStatistics | None = None
+    requests: BudgetStatistics | None = None
+    input_tokens: BudgetStatistics | None = None
+    output_tokens: BudgetStatistics | None = None
+
+    def budgets(self) -> tuple[BudgetStatistics, ...]:
+        """The configured budgets, in `BUDGETS` order."""
+        found = (self.tokens, self.requests, self.input_tokens, self.output_tokens)
+        return tuple(b for b in found if b is not None)
+
+
+class Reservation:
+    """What one admission took from a RateBudget: an estimate on each budget (`requests`: 1)
+    and when. Closed exactly once: `settle`, `charge_in_full` or `cancel`."""
+
+    __slots__ = ("_done", "_owner", "at", "epoch", "estimates")
+
+    def __init__(
+        self,
+        owner: RateBudget,
+        estimates: tuple[tuple[MeteredBudget, int], ...],
+        at: float,
+        epoch: int,
+    ) -> None:
+        self._owner = owner
+        self._done = False
+        self.estimates = estimates
+        self.at = at  # when it was charged, on the budget's clock
+        self.epoch = epoch
+
+    @property
+    def open(self) -> bool:
+        """Not settled, charged in full nor cancelled yet."""
+        return not self._done
+
+    def estimate(self, budget: BudgetName) -> int:
+        """What this reservation took from `budget` (0: not configured)."""
+        return next((amount for b, amount in self.estimates if b.name == budget), 0)
+
+    def __repr__(self) -> str:
+        taken = ", ".join(f"{b.name}={amount}" for b, amount in self.estimates)
+        return f"<Reservation {taken}{'' if self.open else ' closed'}>"
+
+
+class RateBudget:
+    """Per-minute budgets of tokens and requests (see the module's docstring)."""
+
+    __slots__ = ("_budgets", "_by_name", "_clock", "_epoch", "_now", "shape")
+
+    def __init__(
+        self,
+        *,
+        tokens_per_minute: int | None = None,
+        requests_per_minute: int | None = None,
+        input_tokens_per_minute: int | None = None,
+        output_tokens_per_minute: int | None = None,
+        shape: BudgetShape = "sliding",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if shape not in get_args(BudgetShape):
+            raise ValueError(f"shape must be 'sliding' or 'bucket', not {shape!r}")
+        sizes = (
+            tokens_per_minute,
+            requests_per_minute,
+            input_tokens_per_minute,
+            output_tokens_per_minute,
+        )
+        self._budgets = tuple(
+            MeteredBudget(name, _size(name, size), shape)
+            for name, size in zip(BUDGETS, sizes, strict=True)
+            if size is not None
+        )
+        if not self._budgets:
+            raise ValueError(
+                "a RateBudget needs at least one of tokens_per_minute, requests_per_minute, "
+                "input_tokens_per_minute, output_tokens_per_minute"
+            )
+        self.shape = shape
+        self._by_name = {b.name: b for b in self._budgets}
+        self._clock = clock
+        self._epoch = 0  # one more at every provider report
+        self._now = -math.inf  # the latest time seen: the clock never goes back here
+
+    @property
+    def limits(self) -> dict[BudgetName, int]:
+        """Each configured budget's size a minute."""
+        return {b.name: b.limit for b in self._budgets}
+
+    def reserve(
+        self, tokens: int, *, input_tokens: int | None = None, output_tokens: int | None = None
+    ) -> Reservation | float:
+        """Take `tokens` (and the input / output split, where those budgets exist; without
+        one the whole estimate is charged to each) and one request from every budget, or
+        nothing: then the seconds until all would fit. Raises ValueError for an estimate
+        that is not an int >= 0, or more than its budget's minute (it could never fit: cap
+        it at the budget)."""
+        asked = self._asked(tokens, input_tokens, output_tokens)
+        now = self._advance()
+        wait = 0.0
+        for budget, amount in asked:
+            if amount:
+                wait = max(wait, budget.wait(amount, now))
+        if wait > 0.0:
+            return wait
+        for budget, amount in asked:
+            budget.meter.charge(amount)
+            budget.reserved += amount
+            word = budget.word_at(now)
+            if word is not None:
+                word.spent += amount
+        return Reservation(self, asked, now, self._epoch)
+
+    def settle(self, reservation: Reservation, usage: Usage | int) -> None:
+        """Close `reservation` with what the call used: a `Usage`, or a total of tokens (then
+        the input and output budgets keep their estimates). Less than reserved is refunded,
+        more charged now (at most one minute's budget: a usage past that is not believed)."""
+        actual: dict[str, int]
+        if isinstance(usage, Usage):
+            actual = {
+                "tokens": usage.total,
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+            }
+        else:
+            actual = {"tokens": _count("usage", usage)}
+        self._close(reservation, lambda budget, estimate: actual.get(budget.name, estimate))
+
+    def charge_in_full(self, reservation: Reservation) -> None:
+        """Close `reservation` as a call that ended without usage: its estimates stand."""
+        self._close(reservation, lambda _budget, estimate: estimate)
+
+    def cancel(self, reservation: Reservation) -> None:
+        """Close `reservation` as a call never sent: every estimate and its request return."""
+        self._close(reservation, lambda _budget, _estimate: 0)
+
+    def report(
+        self,
+        budget: BudgetName,
+        *,
+        remaining: int,
+        reset_at: float,
+        observed_at: float | None = None,
+    ) -> None:
+        """The provider says `remaining` of `budget` is left until `reset_at` (this budget's
+        clock), as observed at `observed_at` (default: now). Ignored for a budget not
+        configured, a reset already past, or a reading older than the one in force."""
+        remaining = _count("remaining", remaining)
+        now = self._advance()
+        observed = now if observed_at is None else observed_at
+        target = self._by_name.get(budget)
+        if target is None or not (math.isfinite(reset_at) and reset_at > now):
+            return
+        if not math.isfinite(observed):
+            return
+        current = target.word_at(now)
+        if current is not None and observed < current.observed_at:
+            return
+        self._epoch += 1
+        target.word = ProviderWord(remaining, reset_at, observed, self._epoch)
+
+    def statistics(self) -> RateBudgetStatistics:
+        """Every budget now, in plain numbers. Reads only (safe from an exporter's thread)."""
+        now = max(self._clock(), self._now)
+        found: dict[str, BudgetStatistics] = {}
+        for b in self._budgets:
+            remaining, reported = b.remaining(now)
+            found[b.name] = BudgetStatistics(
+                b.name, b.limit, remaining, b.reserved, b.refunded_total, reported
+            )
+        return RateBudgetStatistics(**found)
+
+    def _advance(self) -> float:
+        now = self._clock()
+        if now > self._now:
+            self._now = now
+            for budget in self._budgets:
+                budget.meter.advance(now)
+        return self._now
+
+    def _asked(
+        self, tokens: int, input_tokens: int | None, output_tokens: int | None
+    ) -> tuple[tuple[MeteredBudget, int], ...]:
+        tokens = _count("tokens", tokens)
+        given = {"input_tokens": input_tokens, "output_tokens": output_tokens}
+        split: dict[str, int] = {"tokens": tokens, "requests": 1}
+        for name, value in given.items():
+            split[name] = tokens if value is None else _count(name, value)
+        asked = tuple((b, split[b.name]) for b in self._budgets)
+        for budget, amount in asked:
+            if amount > budget.limit:
+                raise ValueError(
+                    f"an estimate of {amount} {budget.name} is more than "
+                    f"{budget.name}_per_minute={budget.limit}: it could never be admitted "
+                    "(cap the estimate at the budget)"
+                )
+        return asked
+
+    def _close(self, reservation: Reservation, used: Callable[[MeteredBudget, int], int]) -> None:
+        if reservation._owner is not self:
+            raise ValueError(f"{reservation!r} was not made by this RateBudget")
+        if reservation._done:
+            raise ValueError(f"{reservation!r} is already closed")
+        reservation._done = True
+        now = self._advance()
+        for budget, estimate in reservation.estimates:
+            actual = min(used(budget, estimate), budget.limit)
+            budget.reserved -= estimate
+            if actual < estimate:
+                budget.meter.refund(estimate - actual, reservation.at)
+                budget.refunded_total += estimate - actual
+            elif actual > estimate:
+                budget.meter.charge(actual - estimate)
+            word = budget.word_at(now)
+            if word is not None and reservation.epoch >= word.epoch:
+                word.spent += actual - estimate
+
+
+def _size(name: BudgetName, size: int) -> int:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"{name}_per_minute must be an int >= 1, not {size!r}")
+    return size
+
+
+def _count(what: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be an int >= 0, not {value!r}")
+    return value
