@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from benchmarks._asgi import read_body
 from benchmarks._tokens_upstream import price
 
 _JSON = [(b"content-type", b"application/json")]
@@ -192,12 +193,7 @@ class FakeEngine(Collector):
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        body = await read_body(receive)
         path = scope["path"]
         if path == "/metrics":
             await _reply(send, 200, generate_latest(self.registry), _TEXT)

@@ -43,6 +43,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from benchmarks._asgi import read_body
+
 __all__ = ["FakeProvider", "SlidingWindow", "TokenBucket", "go_duration", "prompt_tokens"]
 
 _JSON = (b"content-type", b"application/json")
@@ -233,12 +235,7 @@ class FakeProvider:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        body = await read_body(receive)
         path = scope["path"]
         if path == "/stats":
             await _send(send, 200, [_JSON], json.dumps(self.stats()).encode())

@@ -27,6 +27,8 @@ import math
 import time
 from typing import Any
 
+from benchmarks._asgi import read_body
+
 BASE_S = 0.020
 PER_TOKEN_S = 4e-6
 _JSON = [(b"content-type", b"application/json")]
@@ -84,12 +86,7 @@ class Upstream:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        body = await read_body(receive)
         path = scope["path"]
         if path == "/stats":
             await _reply(send, 200, json.dumps(self.stats()).encode())

@@ -21,6 +21,8 @@ import random
 import time
 from typing import Any
 
+from benchmarks._asgi import read_body
+
 CAPACITY = 32
 SERVICE_SECONDS = (0.020, 0.050)
 RETRY_AFTER_SECONDS = 1
@@ -67,12 +69,7 @@ class Upstream:
             await receive()
             await send({"type": "lifespan.shutdown.complete"})
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        body = await read_body(receive)
         path = scope["path"]
         if path.endswith("/chat/completions"):
             await self._completion(body, send)
