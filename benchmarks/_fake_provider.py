@@ -44,6 +44,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from benchmarks._asgi import read_body
+from benchmarks._tokens_upstream import strings
 
 __all__ = ["FakeProvider", "SlidingWindow", "TokenBucket", "go_duration", "prompt_tokens"]
 
@@ -134,16 +135,6 @@ class TokenBucket:
         """Seconds until the bucket is full again."""
         self._refill(now)
         return (self.limit - self._level) * self.seconds / self.limit
-
-
-def strings(value: Any) -> int:
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(strings(v) for v in value.values())
-    if isinstance(value, list):
-        return sum(strings(v) for v in value)
-    return 0
 
 
 def prompt_tokens(body: dict[str, Any]) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 import threading
 import time
 from types import TracebackType
@@ -15,7 +16,7 @@ from typing import Any
 
 import uvicorn
 
-__all__ = ["UvicornServer", "eventually", "free_port", "wait_until"]
+__all__ = ["UvicornServer", "eventually", "free_port", "terminate", "wait_until"]
 
 
 def free_port() -> int:
@@ -83,3 +84,14 @@ class UvicornServer:
         self.server.should_exit = True
         self._thread.join(timeout=10)
         assert not self._thread.is_alive(), "uvicorn did not stop within 10 s"
+
+
+def terminate(process: subprocess.Popen[Any]) -> None:
+    """Stop `process` if it still runs: SIGTERM, then SIGKILL after 10 s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.servers import free_port
+from tests.servers import free_port, terminate
 
 ROOT = Path(__file__).resolve().parent.parent
 _FOREIGN = ("GYM_CONCURRENCY_", "OTEL_")
@@ -74,13 +74,7 @@ class Uvicorn:
         raise AssertionError(f"uvicorn did not serve within {timeout} s:\n{self.log}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
 
 
 @contextmanager

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from tests.servers import free_port
+from tests.servers import free_port, terminate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,13 +45,8 @@ class EngineProcess:
 
     def stop(self) -> None:
         if self.process.poll() is None:
-            self.thaw()
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            self.thaw()  # a stopped process would not act on SIGTERM
+        terminate(self.process)
 
 
 @contextmanager
