@@ -24,8 +24,9 @@ local S = {
 -- a lease granted below its waiter's ask (a limit shrunk under it) adds `/<c>` and weighs c
 -- (a flow, `@<flow>`, comes after them).
 local function weight(id)
-  return tonumber(string.match(id, '^[^@/]*/(%d+)')) or tonumber(string.match(id, '^[^@*]*%*(%d+)'))
-    or 1
+  -- (one match, run for every lease and waiter a script touches; a capped id has `*<w>`)
+  local asked, granted = string.match(id, '^[^@*]*%*(%d+)/?(%d*)')
+  return tonumber(granted) or tonumber(asked) or 1
 end
 local function weight_of(key)
   local total, ids = 0, redis.call('ZRANGE', key, 0, -1)
