@@ -19,6 +19,9 @@ wraps NeMo Gym's own function rather than copying it.
   own "Episode admission timed out" failure; the rest is NeMo Gym's `run_request`, unchanged.
 - `BaseEnvironmentServer._unhandled_failure_response`: a refusal met in `run()` is NeMo Gym's
   non-terminal failure at its stage (`refusals.handled_failure`) instead of a terminal one.
+- `NeMoGymAsyncOpenAI`'s engine calls and `nemo_gym.judge.call_judge`: the limits NeMo Gym
+  lacks, a vllm_model's `upstream_requests` and a resources server's `judge_calls`
+  (`added_limits.py`), made with the server's own in `setup_telemetry`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from .added_limits import add_missing_limits, patch_judge, patch_openai_utils
 from .export import ensure_export
 from .limits import EPISODES, ROLLOUTS, LimitRefusedError, ShippedSemaphore, instrument_server
 from .nemo_telemetry import DRIVER_NAME, start_in_driver, supply_semconv_names
@@ -133,8 +137,9 @@ def _instrument(server: Any) -> None:
         config = server.server_client.global_config_dict
         raw = dict(get_first_server_config_dict(config, server.config.name))
     except Exception:  # a server built outside `gym env start`: the model's fields only
-        raw = {}
-    instrument_server(server, raw)
+        config, raw = None, {}
+    made = instrument_server(server, raw)
+    add_missing_limits(server, raw, made, _judge_raw(server, config))
     if isinstance(server, BaseEnvironmentServer) and server._admission is not None:
         config = server.config
         episodes = ShippedSemaphore(
@@ -148,10 +153,25 @@ def _instrument(server: Any) -> None:
         _EPISODES[id(server)] = episodes
 
 
+def _judge_raw(server: Any, global_config: Any) -> dict[str, Any]:
+    """The raw config of `server`'s judge model server, if it has one ({} if not found)."""
+    from nemo_gym.global_config import get_first_server_config_dict
+
+    judge = getattr(server.config, "judge_model_server", None)
+    if judge is None or global_config is None:
+        return {}
+    try:
+        return dict(get_first_server_config_dict(global_config, judge.name))
+    except Exception:  # not in this config: sized without it
+        return {}
+
+
 # The module each patch applies to, as it is imported (or at once if it already is).
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "nemo_gym.rollout_collection": patch_rollout_collection,
     "nemo_gym.server_utils": patch_server_utils,
     "nemo_gym.base_environment_server": patch_base_environment_server,
     "nemo.lens.semconv": supply_semconv_names,
+    "nemo_gym.openai_utils": patch_openai_utils,
+    "nemo_gym.judge": patch_judge,
 }
