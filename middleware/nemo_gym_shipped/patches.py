@@ -5,7 +5,9 @@ wraps NeMo Gym's own function rather than copying it.
 - `nemo_gym.rollout_collection.Semaphore` -> `RolloutsSemaphore`: the driver's
   `num_samples_in_parallel` limit is `rollouts` (component `rollout_driver`).
 - `RolloutCollectionHelper.run_from_config`: NeMo Gym's telemetry is started first, as its
-  config says (`nemo_telemetry.start_in_driver`; `gym eval run` never starts it).
+  config says (`nemo_telemetry.start_in_driver`; `gym eval run` never starts it), and during
+  the collection `ServerClient.post` waits out a `/run` reply that is a refusal rather than
+  spend one of the rollout's attempts (`driver_waits.py`).
 - `nemo.lens.semconv`: the two names NeMo Gym 0.7.0 imports from it and nemo-lens 0.1.0 lacks
   (`nemo_telemetry.supply_semconv_names`), so that its telemetry starts with that nemo-lens.
 - `SimpleServer.setup_telemetry` (run by `run_webserver` after the server is built, before its
@@ -32,6 +34,7 @@ from types import ModuleType
 from typing import Any
 
 from .added_limits import add_missing_limits, patch_judge, patch_openai_utils
+from .driver_waits import collecting, waiting_post
 from .export import ensure_export
 from .limits import EPISODES, ROLLOUTS, LimitRefusedError, ShippedSemaphore, instrument_server
 from .nemo_telemetry import DRIVER_NAME, start_in_driver, supply_semconv_names
@@ -66,7 +69,8 @@ def patch_rollout_collection(module: ModuleType) -> None:
     @functools.wraps(run_from_config)
     async def with_telemetry(self: Any, config: Any) -> Any:
         start_in_driver()  # before NeMo Gym decides on its run-wide `gym.job` span
-        return await run_from_config(self, config)
+        with collecting():  # its `/run` posts wait out refusals (driver_waits.py)
+            return await run_from_config(self, config)
 
     helper_class.run_from_config = with_telemetry
 
@@ -92,6 +96,7 @@ def patch_server_utils(module: ModuleType) -> None:
 
     server_class.setup_telemetry = instrumented_setup_telemetry
     server_class.setup_exception_middleware = with_refusals
+    module.ServerClient.post = waiting_post(module.ServerClient.post)
 
 
 def patch_base_environment_server(module: ModuleType) -> None:

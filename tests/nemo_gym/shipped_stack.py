@@ -172,9 +172,16 @@ class ShippedStack:
             time.sleep(0.5)
         raise AssertionError(f"gym env start not ready in {START_SECONDS} s:\n{self.log[-4000:]}")
 
-    def eval_run(self, tasks: Path, output: str, *args: str, timeout: float = 600) -> EvalRun:
+    def eval_run(
+        self,
+        tasks: Path,
+        output: str,
+        *args: str,
+        timeout: float = 600,
+        env: dict[str, str] | None = None,
+    ) -> EvalRun:
         """The section's `gym eval run` of `tasks` into `output`, `args` replacing its own
-        (`--concurrency N`) or added (`--resume`)."""
+        (`--concurrency N`) or added (`--resume`), `env` added to its environment."""
         words = doc_gym_args("eval run", self.telemetry)
         words[words.index("--input") + 1] = str(tasks)
         words[words.index("--output") + 1] = output
@@ -187,7 +194,7 @@ class ShippedStack:
         done = subprocess.run(
             [*self.command(words), *extra],
             cwd=self.stack,
-            env=self.env(),
+            env=self.env() | (env or {}),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             timeout=timeout,

@@ -15,6 +15,7 @@ server written with NeMo Gym alone), then `gym-concurrency-nemo-gym gym eval run
 from __future__ import annotations
 
 import os
+import re
 import statistics
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,24 +116,32 @@ def test_the_lines_shown_in_the_doc_are_the_exporters_lines() -> None:
     assert {line.label for line in lines} == set(SEED_LIMITS.values())
 
 
+# 4 episodes at once, each waiting at most 50 ms to start; one upstream slot, a 50 ms wait for
+# it: of 16 rollouts at once most are refused, at admission or by the model server.
+SERVER = "plain_math_env.environment_servers.plain_math_env"
+MODEL = "policy_model.responses_api_models.openai_model"
+TIGHT = [
+    f"++{SERVER}.max_concurrent_episodes=4",
+    f"++{SERVER}.queue_timeout_seconds=0.05",
+    f"++{MODEL}.max_concurrent_requests=1",
+    f"++{MODEL}.upstream_pool_timeout_seconds=0.05",
+]
+NO_DRIVER_WAIT = {"GYM_CONCURRENCY_NEMO_GYM_REFUSED_WAIT_SECONDS": "0"}
+
+
 def test_refusals_met_through_server_client_are_not_terminal(
     tmp_path_factory: pytest.TempPathFactory, upstream: str, tmp_path: Path
 ) -> None:
-    # 4 episodes at once, each waiting at most 50 ms to start; one upstream slot, a 50 ms wait
-    # for it: of 16 rollouts at once most are refused, at admission or by the model server.
-    server = "plain_math_env.environment_servers.plain_math_env"
-    model = "policy_model.responses_api_models.openai_model"
-    tight = [
-        f"++{server}.max_concurrent_episodes=4",
-        f"++{server}.queue_timeout_seconds=0.05",
-        f"++{model}.max_concurrent_requests=1",
-        f"++{model}.upstream_pool_timeout_seconds=0.05",
-    ]
+    # The driver's wait off: every refusal reaches NeMo Gym's collector as a failure row.
     tasks = tmp_path / "tasks.jsonl"
     write_tasks(tasks, REFUSAL_TASKS)
-    with ShippedStack(tmp_path_factory.mktemp("tight"), upstream, config=tight) as stack:
+    with ShippedStack(tmp_path_factory.mktemp("tight"), upstream, config=TIGHT) as stack:
         first = stack.eval_run(
-            tasks, "results/tight.jsonl", "--concurrency", str(REFUSAL_CONCURRENCY)
+            tasks,
+            "results/tight.jsonl",
+            "--concurrency",
+            str(REFUSAL_CONCURRENCY),
+            env=NO_DRIVER_WAIT,
         )
         assert first.returncode == 0, first.log[-4000:]
         assert terminal(first) == []
@@ -143,7 +152,9 @@ def test_refusals_met_through_server_client_are_not_terminal(
         assert set(stages["admission"]) == {"Episode admission timed out"}
         assert all("upstream_requests: no slot within 0.05 s" in m for m in stages["agent"])
         # One --resume, one rollout at a time: every refused rollout runs again and completes.
-        resumed = stack.eval_run(tasks, "results/tight.jsonl", "--concurrency", "1", "--resume")
+        resumed = stack.eval_run(
+            tasks, "results/tight.jsonl", "--concurrency", "1", "--resume", env=NO_DRIVER_WAIT
+        )
         assert resumed.returncode == 0, resumed.log[-4000:]
         by_stage = {stage: len(messages) for stage, messages in stages.items()}
         print(  # the figures (pytest -s): docs/nemo-gym.md, "NeMo Gym as shipped", Measured
@@ -159,6 +170,32 @@ def test_refusals_met_through_server_client_are_not_terminal(
     assert last["episodes"]["admission_timeouts_total"] == len(stages["admission"])
     assert last["upstream_requests"]["admission_timeouts_total"] == len(stages["agent"])
     assert last["episodes"]["active"] == last["upstream_requests"]["active"] == 0
+
+
+def test_the_driver_waits_out_refusals_and_the_tight_run_completes(
+    tmp_path_factory: pytest.TempPathFactory, upstream: str, tmp_path: Path
+) -> None:
+    # The same tight stack and command, the driver's wait as shipped: no refusal spends an attempt.
+    tasks = tmp_path / "tasks.jsonl"
+    write_tasks(tasks, REFUSAL_TASKS)
+    with ShippedStack(tmp_path_factory.mktemp("waits"), upstream, config=TIGHT) as stack:
+        run = stack.eval_run(
+            tasks, "results/tight.jsonl", "--concurrency", str(REFUSAL_CONCURRENCY)
+        )
+        assert run.returncode == 0, run.log[-4000:]
+        last = {line.limit_name: line.values for line in _settled(stack)}
+    refused = {n: last[n]["admission_timeouts_total"] for n in ("episodes", "upstream_requests")}
+    [again] = re.findall(r"the rollout driver posted (\d+) refused rollouts again", run.log)
+    print(  # the figures (pytest -s): docs/nemo-gym.md, "Resume that finishes"
+        f"\n{REFUSAL_TASKS} tasks at --concurrency {REFUSAL_CONCURRENCY}, the driver waiting: "
+        f"{len(run.rollouts)} completed, {len(run.failures)} failure rows, refusals {refused}, "
+        f"posted again {again}, collection {run.collection_seconds} s"
+    )
+    assert len(run.rollouts) == REFUSAL_TASKS, run.log[-4000:]
+    assert run.failures == []
+    assert all(row["reward"] == 1.0 for row in run.rollouts)
+    assert refused["episodes"] > 0  # the servers did refuse, as in the test above ...
+    assert int(again) == sum(refused.values())  # ... and the driver posted each one again
 
 
 def _settled(stack: ShippedStack) -> list[LimitLine]:
