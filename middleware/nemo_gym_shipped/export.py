@@ -10,7 +10,9 @@ Ours follows `GYM_CONCURRENCY_NEMO_GYM_EXPORTER`, a comma list of:
   with one re-reads its resource in the child, which NeMo Gym's math_with_judge pays once per
   verification);
 - `none`.
-Every `OTEL_METRIC_EXPORT_INTERVAL` milliseconds (5000 by default), and once more at exit.
+Every INTERVAL_VARIABLE milliseconds (else `OTEL_METRIC_EXPORT_INTERVAL`, else 5000), and once
+more at exit. Our own variable comes first because nemo-lens reads `OTEL_METRIC_EXPORT_INTERVAL`
+too: setting it for our console lines would drive NeMo Gym's exporter at the same rate.
 """
 
 from __future__ import annotations
@@ -25,9 +27,16 @@ from gym_concurrency import observe_concurrency
 from .console_lines import ConsoleLines
 from .nemo_telemetry import why_not_exporting
 
-__all__ = ["EXPORTER_VARIABLE", "ensure_export", "nemo_gym_exports"]
+__all__ = [
+    "EXPORTER_VARIABLE",
+    "INTERVAL_VARIABLE",
+    "ensure_export",
+    "export_interval",
+    "nemo_gym_exports",
+]
 
 EXPORTER_VARIABLE = "GYM_CONCURRENCY_NEMO_GYM_EXPORTER"
+INTERVAL_VARIABLE = "GYM_CONCURRENCY_NEMO_GYM_EXPORT_INTERVAL"
 _LOGGER = logging.getLogger("gym_concurrency.nemo_gym")
 _lock = threading.Lock()
 _done: list[bool] = []
@@ -78,7 +87,7 @@ def _start_own() -> str:
     unknown = names - {"console_line", "console", "otlp"}
     if unknown:
         raise ValueError(f"{EXPORTER_VARIABLE}: unknown exporters {sorted(unknown)}")
-    interval = float(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "5000")) / 1000
+    interval = export_interval()
     if "console_line" in names:
         ConsoleLines(interval).start()
     sdk = names & {"console", "otlp"}
@@ -87,6 +96,23 @@ def _start_own() -> str:
     if not names:
         return f"none ({EXPORTER_VARIABLE}={wanted})"
     return f"{', '.join(sorted(names))} every {interval:g} s ({EXPORTER_VARIABLE})"
+
+
+def export_interval() -> float:
+    """Seconds between our exports: INTERVAL_VARIABLE (ms), else OTEL_METRIC_EXPORT_INTERVAL
+    (ms), else 5; a value that is not a positive number is an error naming its variable."""
+    for variable in (INTERVAL_VARIABLE, "OTEL_METRIC_EXPORT_INTERVAL"):
+        raw = os.environ.get(variable, "").strip()
+        if not raw:
+            continue
+        try:
+            milliseconds = float(raw)
+        except ValueError:
+            milliseconds = 0.0
+        if not milliseconds > 0 or milliseconds == float("inf"):
+            raise ValueError(f"{variable} must be a positive number of milliseconds, got {raw!r}")
+        return milliseconds / 1000
+    return 5.0
 
 
 def _sdk_provider(names: set[str], interval: float) -> Any:

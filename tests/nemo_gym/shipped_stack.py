@@ -113,11 +113,15 @@ class ShippedStack:
         return (self.folder / "gym-env-start.log").read_text(errors="replace")
 
     def env(self) -> dict[str, str]:
-        """gym_env() with the section's exports, console lines every `interval_ms`."""
+        """gym_env() with the section's exports, console lines (and NeMo Gym's exporter, where
+        it exports) every `interval_ms`."""
         return (
             gym_env()
             | doc_exports(SECTION)
-            | {"OTEL_METRIC_EXPORT_INTERVAL": str(self.interval_ms)}
+            | {
+                "GYM_CONCURRENCY_NEMO_GYM_EXPORT_INTERVAL": str(self.interval_ms),
+                "OTEL_METRIC_EXPORT_INTERVAL": str(self.interval_ms),  # NeMo Gym's exporter
+            }
         )
 
     def command(self, words: list[str]) -> list[str]:
@@ -135,7 +139,8 @@ class ShippedStack:
     def __enter__(self) -> ShippedStack:
         ignore = shutil.ignore_patterns("venvs", "results", "outputs", "__pycache__", ".venv")
         shutil.copytree(ROOT / "examples", self.folder / "examples", ignore=ignore)
-        cd, link = doc_commands(SECTION)[:2]
+        [cd] = [c for c in doc_commands(SECTION) if c.startswith("cd ")]
+        [link] = [c for c in doc_commands(SECTION) if c.startswith("for server in ")]
         venv = self.env() | {"VIRTUAL_ENV": sys.prefix}
         subprocess.run(["bash", "-c", f"{cd} && {link}"], cwd=self.folder, env=venv, check=True)
         for server in VENV_FOLDERS:

@@ -204,8 +204,11 @@ def _fresh_venv_checks() -> list[str]:
     return [cd, "gym eval run --help > /dev/null", f"python -c {shlex.quote(code)}"]
 
 
-def test_the_fake_model_command_serves_the_model_servers_calls(tmp_path: Path):
-    [cd, _, command] = doc_commands("Run it")[:3]
+@pytest.mark.parametrize("section", ["Run it", "NeMo Gym as shipped"])
+def test_the_fake_model_command_serves_the_model_servers_calls(section: str, tmp_path: Path):
+    # Run it's after its `cd examples/nemo_gym`; the shipped section's at the checkout's root.
+    [command] = [c for c in doc_commands(section) if "fake_model:app" in c]
+    cd = doc_commands("Run it")[0] if section == "Run it" else "true"
     port = free_port()
     assert command.endswith(" --port 8000 &")
     command = command.removesuffix(" --port 8000 &") + f" --port {port}"

@@ -83,6 +83,9 @@ def test_the_seeds_four_limits_move_and_end_at_zero(stack: ShippedStack, tmp_pat
     assert run.returncode == 0, run.log[-4000:]
     assert len(run.rollouts) == TASKS, run.log[-4000:]
     assert all(row["reward"] == 1.0 for row in run.rollouts)
+    # Every answer read by the verifier: math_with_judge's key metrics count none as missing.
+    assert all(row["extracted_answer"] is not None for row in run.rollouts)
+    assert '"pass@1[avg-of-1]/no_answer": 0.0' in run.log, run.log[-3000:]
 
     seen = by_limit(limit_lines(run.log) + limit_lines(stack.log)[server_lines_before:])
     for name, lines in sorted(seen.items()):  # the figures (pytest -s)

@@ -230,3 +230,40 @@ def test_a_semconv_name_nemo_lens_has_is_never_replaced() -> None:
     )
     out = run([WRAPPER, sys.executable, "-c", probe], clean_env())
     assert "its.own.rank nv.dl.world_size" in out.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("variables", "seconds"),
+    [
+        ({}, 5.0),
+        ({"OTEL_METRIC_EXPORT_INTERVAL": "2000"}, 2.0),
+        # Ours first: OTEL_METRIC_EXPORT_INTERVAL is left to NeMo Gym's exporter (nemo-lens).
+        (
+            {
+                "GYM_CONCURRENCY_NEMO_GYM_EXPORT_INTERVAL": "1000",
+                "OTEL_METRIC_EXPORT_INTERVAL": "9",
+            },
+            1,
+        ),
+    ],
+)
+def test_our_export_interval_has_its_own_variable(
+    variables: dict[str, str], seconds: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gym_concurrency.middleware.nemo_gym_shipped.export import export_interval
+
+    for name in ("GYM_CONCURRENCY_NEMO_GYM_EXPORT_INTERVAL", "OTEL_METRIC_EXPORT_INTERVAL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert export_interval() == seconds
+
+
+def test_an_export_interval_that_is_not_milliseconds_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gym_concurrency.middleware.nemo_gym_shipped.export import export_interval
+
+    monkeypatch.setenv("GYM_CONCURRENCY_NEMO_GYM_EXPORT_INTERVAL", "-1")
+    with pytest.raises(ValueError, match="GYM_CONCURRENCY_NEMO_GYM_EXPORT_INTERVAL must be"):
+        export_interval()

@@ -138,7 +138,7 @@ def wheel_server(
     env = environment(gym_env()) | {
         "NEMO_GYM_CONFIG_DICT": yaml.safe_dump(global_config),
         "NEMO_GYM_CONFIG_PATH": name,
-        "OTEL_METRIC_EXPORT_INTERVAL": "100",
+        "GYM_CONCURRENCY_NEMO_GYM_EXPORT_INTERVAL": "100",
         "GYM_CONCURRENCY_NEMO_GYM_EXPORTER": "console_line",
     }
     env["PYTHONPATH"] = f"{env['PYTHONPATH']}:{server_folder}"  # as `gym env start` adds it

@@ -31,6 +31,9 @@ class MathTask(BaseModel):
 
 class MathResult(BaseModel):
     reward: float
+    # The verifier's reading of the answer: math_with_judge's metrics count a row without one
+    # as `no_answer`.
+    extracted_answer: str | None
     response: dict[str, Any]  # the model's, as it came (the collector reads its usage)
     elapsed_seconds: float
 
@@ -69,11 +72,13 @@ class PlainMathEnv(BaseEnvironmentServer[MathRequest, MathResponse]):
             json=task.model_dump() | {"response": response},
         )
         await raise_for_status(verdict)
+        verified = await get_response_json(verdict)
         return MathResponse(
             episode_id=request.episode_id,
             task_id=request.task.task_id,
             result=MathResult(
-                reward=(await get_response_json(verdict))["reward"],
+                reward=verified["reward"],
+                extracted_answer=verified.get("extracted_answer"),
                 response=response,
                 elapsed_seconds=time.monotonic() - started,
             ),
