@@ -114,7 +114,7 @@ def add_missing_limits(
                 component=component,
                 limit_name="judge_calls",
                 server=config.name,
-                timeout=float(timeout) if timeout else None,
+                timeout=None if timeout is None else float(timeout),
             )
         )
     for limit in added:

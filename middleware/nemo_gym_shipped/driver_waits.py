@@ -18,6 +18,7 @@ timed out", or this project's `episode` profile), or one whose `failure_kind` is
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -72,6 +73,7 @@ def waiting_post(
 ) -> Callable[..., Awaitable[Any]]:
     """`ServerClient.post`, whose `/run` posts during a collection wait out refusals."""
 
+    @functools.wraps(post)
     async def post_waiting(self: Any, server_name: str, url_path: str, **kwargs: Any) -> Any:
         reply = await post(self, server_name=server_name, url_path=url_path, **kwargs)
         if url_path != "/run" or not _COLLECTING.get():
@@ -98,8 +100,6 @@ def waiting_post(
             reply = await post(self, server_name=server_name, url_path=url_path, **kwargs)
         return reply
 
-    post_waiting.__wrapped__ = post  # type: ignore[attr-defined]
-    post_waiting.__doc__ = post.__doc__
     return post_waiting
 
 
