@@ -26,7 +26,8 @@ from gym_concurrency import (
 )
 from gym_concurrency.attributes import limit_attributes
 from gym_concurrency.limits import Limit
-from gym_concurrency.limits.adaptive import AdaptiveLimiter, DrainRate
+from gym_concurrency.limits.adaptive import AdaptiveLimiter
+from gym_concurrency.limits.handover_rate import HandoverRate
 from gym_concurrency.names import ADMISSION_OUTCOME_ATTRIBUTE, ADMISSION_OUTCOMES
 from gym_concurrency.safe_urls import safe_url
 
@@ -283,12 +284,13 @@ class ConcurrencyLimits:
         else:
             limit, old_feedback, previous = old.limit, old.feedback, old.config
             _check_unchanged(f"routes.{index}", old.config, config)
-        drain = None
+        rate = None
         if config.retry_after_seconds == "auto":
-            drain = old_feedback.drain if old_feedback and old_feedback.drain else DrainRate()
+            kept = old_feedback.handover if old_feedback else None
+            rate = kept or HandoverRate()
         feedback = None
-        if config.adaptive is not None or drain is not None:
-            feedback = RouteFeedback(limit, config, drain=drain)
+        if config.adaptive is not None or rate is not None:
+            feedback = RouteFeedback(limit, config, handover=rate)
         old_limiter = old_feedback.limiter if old_feedback else None
         return LimitPlan("route", limit, config, previous, feedback, old_limiter)
 

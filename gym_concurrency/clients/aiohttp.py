@@ -34,7 +34,7 @@ from .weights import ROUTE_FLOW, RequestFlow, RequestWeight
 
 __all__ = ["LimitedMiddleware", "limited_middleware"]
 
-DRAIN_BYTES = 64 * 1024  # as in the httpx transport: a short discarded body is read first
+DISCARD_READ_BYTES = 64 * 1024  # as in the httpx transport: a short discarded body is read first
 
 
 class _Call(NamedTuple):
@@ -143,7 +143,7 @@ class _AiohttpExchange:
     async def discard(self, response: ClientResponse) -> None:
         length = response.content_length
         try:
-            if length is not None and length <= DRAIN_BYTES:
+            if length is not None and length <= DISCARD_READ_BYTES:
                 await response.read()
         except aiohttp.ClientError:
             pass  # a retry follows anyway

@@ -34,7 +34,7 @@ __all__ = ["DeadlineTimeout", "LimitedTransport"]
 
 # A response thrown away before a retry is read first when it says it is this short or
 # shorter, so its connection goes back to the pool; a longer one closes its connection.
-DRAIN_BYTES = 64 * 1024
+DISCARD_READ_BYTES = 64 * 1024
 
 
 class DeadlineTimeout(httpx.TimeoutException, DeadlineExceeded):
@@ -135,7 +135,7 @@ class _HttpxExchange:
     async def discard(self, response: httpx.Response) -> None:
         length = response.headers.get("content-length", "")
         try:
-            if length.isdigit() and int(length) <= DRAIN_BYTES:
+            if length.isdigit() and int(length) <= DISCARD_READ_BYTES:
                 await response.aread()
         except httpx.TransportError:
             pass  # a retry follows anyway; the connection is closed below
