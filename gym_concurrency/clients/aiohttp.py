@@ -23,6 +23,7 @@ try:
 except ImportError as error:  # absent, or older than client middlewares (3.12)
     raise missing_library(error, "aiohttp", "limited_middleware", "3.12") from error
 
+from ..flow import ROUTE_FLOW
 from ..limits import Limit
 from ..limits.adaptive import AdaptiveController
 from ..safe_urls import safe_url
@@ -30,7 +31,7 @@ from .adaptive import AdaptiveConfig
 from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
 from .leaks import guard_slot
 from .retry import RetryPolicy, RetryReason
-from .weights import ROUTE_FLOW, RequestFlow, RequestWeight
+from .weights import RequestFlow, RequestWeight
 
 __all__ = ["LimitedMiddleware", "limited_middleware"]
 

@@ -21,6 +21,7 @@ try:
 except ImportError as error:
     raise missing_library(error, "httpx", "LimitedTransport", "0.27") from error
 
+from ..flow import ROUTE_FLOW
 from ..limits import Limit
 from ..limits.adaptive import AdaptiveController
 from ..safe_urls import safe_url
@@ -28,7 +29,7 @@ from .adaptive import AdaptiveConfig
 from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
 from .leaks import guard_slot
 from .retry import RetryPolicy, RetryReason
-from .weights import ROUTE_FLOW, RequestFlow, RequestWeight
+from .weights import RequestFlow, RequestWeight
 
 __all__ = ["DeadlineTimeout", "LimitedTransport"]
 

@@ -41,7 +41,7 @@ from ._loops import Heartbeat, mailbox
 from ._process_state import ProcessState
 from ._store import RedisStore
 
-__all__ = ["LeaseLostHook", "RedisUnavailable", "SharedLimit"]
+__all__ = ["LeaseLostHook", "SharedLimit"]
 
 LeaseLostHook = Callable[["SharedLimit", tuple[str, ...]], None]
 """Called on the event loop with the limit and the ids of the leases it could not renew."""
