@@ -1,11 +1,11 @@
 """The feedback of one route limit that moves or answers with a computed Retry-After: it runs
-the app for each admitted request, measures it, and tells the limit's controller and drain rate.
+the app for each admitted request, measures it, and tells the limit's controller and hand-over rate.
 
 Only routes with `adaptive` or `retry_after_seconds="auto"` have one; every other route calls
 the app directly and pays nothing. What is measured, per admitted HTTP request: the time from
 admission (the app is called) to the last body message sent, and whether it ended in overload
 (a status in `overload_status_codes`, or an exception from the app). A request cancelled
-(its client left) is no sample. Websockets count as releases for the drain rate only: a
+(its client left) is no sample. Websockets count as releases for the hand-over rate only: a
 connection's lifetime is no latency.
 """
 
@@ -17,12 +17,8 @@ from time import perf_counter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gym_concurrency.limits import Limit
-from gym_concurrency.limits.adaptive import (
-    AdaptiveController,
-    AdaptiveLimiter,
-    DrainRate,
-    make_controller,
-)
+from gym_concurrency.limits.adaptive import AdaptiveController, AdaptiveLimiter, make_controller
+from gym_concurrency.limits.handover_rate import HandoverRate
 
 from .settings import RouteLimit
 
@@ -47,9 +43,10 @@ def controller_for(config: RouteLimit, start: int | None = None) -> AdaptiveCont
 
 class RouteFeedback:
     """The app call of an admitted request on one limit (shared by the routes that share it),
-    measured for its `limiter` (adaptive) and counted by its `drain` (Retry-After auto)."""
+    measured for its `limiter` (adaptive) and counted by its `handover` rate (Retry-After
+    auto)."""
 
-    __slots__ = ("app", "config", "drain", "limit", "limiter", "overload_statuses")
+    __slots__ = ("app", "config", "handover", "limit", "limiter", "overload_statuses")
 
     def __init__(
         self,
@@ -57,12 +54,12 @@ class RouteFeedback:
         config: RouteLimit,
         *,
         limiter: AdaptiveLimiter | None = None,
-        drain: DrainRate | None = None,
+        handover: HandoverRate | None = None,
     ) -> None:
         self.limit = limit
         self.config = config
         self.limiter = limiter
-        self.drain = drain
+        self.handover = handover
         statuses = config.adaptive.overload_status_codes if config.adaptive else ()
         self.overload_statuses = frozenset(statuses)
         self.app: ASGIApp | None = None  # set by the middleware (bind)
@@ -72,10 +69,10 @@ class RouteFeedback:
         self.app = app
 
     def retry_after(self) -> int:
-        """Retry-After seconds now: the queue ahead and the request, at the drain rate."""
-        drain = self.drain
-        assert drain is not None
-        return drain.retry_after(self.limit.queue_depth, perf_counter())
+        """Retry-After seconds now: the queue ahead and the request, at the hand-over rate."""
+        rate = self.handover
+        assert rate is not None
+        return rate.retry_after(self.limit.queue_depth, perf_counter())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app for a request holding a slot of this limit; measure it."""
@@ -115,6 +112,6 @@ class RouteFeedback:
             self._released(now)
 
     def _released(self, now: float | None = None) -> None:
-        drain = self.drain
-        if drain is not None:
-            drain.release(perf_counter() if now is None else now)
+        rate = self.handover
+        if rate is not None:
+            rate.release(perf_counter() if now is None else now)

@@ -24,7 +24,7 @@ from .dependencies import check_operation_names
 from .failures import send_misconfigured
 from .limits import LIMITS_SCOPE_KEY, ConcurrencyLimits, LimitedRoute
 from .queue_wait import QueueWaitRecorder
-from .queued import QueuedAdmission
+from .queued import DEFAULT_ASK, QueuedAdmission
 from .routing import RouteTable, UnknownRouteError, describe_routes
 from .settings import ConcurrencySettings
 from .shutdown import ShutdownSignals, wait_idle
@@ -123,28 +123,13 @@ class ConcurrencyLimitMiddleware:
         if self._queued.draining:  # shutting down: admit nothing more
             await self._queued.refuse_now(route, scope, receive, send)
             return
-        limit = route.limit
         # An adaptive limit (or Retry-After auto) runs the app in its feedback, measured.
         feedback = route.feedback
         app = self.app if feedback is None else feedback
         if route.ask is not None:  # weighed, or in a flow: read what it asks for first
             await self._asking(app, route, route.ask, scope, receive, send)
-            return
-        if not limit.try_acquire():
-            waiter = limit.enqueue()
-            result = waiter.result() if waiter.done() else None
-            if result is not None and result != "admitted" and scope_type == "http":
-                self._record_no_wait(route, result)  # refused as it arrived
-                await self._queued.refuse_at_once(route, result, receive, send)
-            else:  # it waits: read the client meanwhile
-                await self._queued(app, route, waiter, scope, receive, send)
-            return
-        try:  # the slot is held from here on: nothing may come between taking and `try`
-            # A free slot and nobody waiting: taken at once, so the wait recorded is zero.
-            self._record_no_wait(route, "admitted")
-            await app(scope, receive, send)
-        finally:
-            limit.release()
+        else:
+            await self._admit(app, route, DEFAULT_ASK, None, scope, receive, send)
 
     async def _asking(
         self,
@@ -174,12 +159,12 @@ class ConcurrencyLimitMiddleware:
             weight, flow = ask(scope, body, unread)
             deadline = ask.deadline(scope)
             with within_deadline(_deadline_at(scope, deadline)), within_flow(flow):
-                await self._admit_asking(app, route, (weight, flow), deadline, scope, receive, send)
+                await self._admit(app, route, (weight, flow), deadline, scope, receive, send)
         finally:
             if ahead is not None:
                 ahead.close()
 
-    async def _admit_asking(
+    async def _admit(
         self,
         app: ASGIApp,
         route: LimitedRoute,
@@ -189,10 +174,13 @@ class ConcurrencyLimitMiddleware:
         receive: Receive,
         send: Send,
     ) -> None:
+        """Admit a request for `asked` (weight, flow) within its own `deadline` (seconds, None:
+        none): at once if free, else queued or refused as it arrives; admitted, run `app`."""
         limit = route.limit
         weight, flow = asked
         if (deadline is None or deadline > 0) and limit.try_acquire(weight, flow):
-            try:
+            try:  # the slot is held from here on: nothing may come between taking and `try`
+                # Free and nobody waiting: taken at once, so the wait recorded is zero.
                 self._record_no_wait(route, "admitted")
                 await app(scope, receive, send)
             finally:
@@ -201,9 +189,9 @@ class ConcurrencyLimitMiddleware:
         waiter = limit.enqueue(weight, flow, deadline)
         result = waiter.result() if waiter.done() else None
         if result is not None and result != "admitted" and scope["type"] == "http":
-            self._record_no_wait(route, result)
+            self._record_no_wait(route, result)  # refused as it arrived
             await self._queued.refuse_at_once(route, result, receive, send)
-        else:
+        else:  # it waits: read the client meanwhile
             await self._queued(app, route, waiter, scope, receive, send, asked)
 
     def _record_no_wait(self, route: LimitedRoute, outcome: str) -> None:

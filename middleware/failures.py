@@ -84,7 +84,7 @@ class RouteFailures:
         self.status = 200 if self.episode else 503
         self._bodies = {reason: _encoded_body(route, reason) for reason in REFUSALS}
         self._draining = _encoded_body(route, "unavailable", draining=True)
-        # `retry_after` (Retry-After auto): computed for each refusal, from the drain rate.
+        # `retry_after` (Retry-After auto): computed for each refusal, from the hand-over rate.
         self._retry_after = None if self.episode else retry_after
         # A deadline refusal where no Retry-After is configured: the seconds the limit's
         # measured hand-over rate takes to clear its queue, when measured (`handover_wait`).
@@ -178,7 +178,7 @@ async def send_misconfigured(scope: Scope, send: Send) -> None:
 
 def retry_after_seconds(route: RouteLimit, reason: Refusal = "timeout") -> int:
     """`retry_after_seconds`, else the queue timeout rounded up to whole seconds, else 1 (also
-    for "auto" where no drain rate is measured). A deadline refusal says nothing of when the
+    for "auto" where no hand-over rate is measured). A deadline refusal says nothing of when the
     queue frees: never the queue timeout."""
     if isinstance(route.retry_after_seconds, int):
         return route.retry_after_seconds

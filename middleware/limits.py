@@ -26,7 +26,8 @@ from gym_concurrency import (
 )
 from gym_concurrency.attributes import limit_attributes
 from gym_concurrency.limits import Limit
-from gym_concurrency.limits.adaptive import AdaptiveLimiter, DrainRate
+from gym_concurrency.limits.adaptive import AdaptiveLimiter
+from gym_concurrency.limits.handover_rate import HandoverRate
 from gym_concurrency.names import ADMISSION_OUTCOME_ATTRIBUTE, ADMISSION_OUTCOMES
 from gym_concurrency.safe_urls import safe_url
 
@@ -36,30 +37,13 @@ from .clients import LimitedClient
 from .credential_flows import CredentialFlows
 from .failures import RouteFailures
 from .settings import ClientLimit, ConcurrencySettings, OperationLimit, RouteLimit
+from .settings.fixed import fixed_fields
 
 __all__ = ["LIMITS_SCOPE_KEY", "ConcurrencyLimits", "LimitPlan", "LimitedOperation", "LimitedRoute"]
 
 # Where the middleware leaves its ConcurrencyLimits in every request scope, for dependencies.
 LIMITS_SCOPE_KEY = "gym_concurrency.limits"
 
-# What a reload may not change on a running limit (its waiters were admitted under them).
-_FIXED_ROUTE_FIELDS = (
-    "queue_timeout_seconds",
-    "max_queue",
-    "scope",
-    "local_max_concurrent",
-    "backfill_seconds",
-)
-_FIXED_OPERATION_FIELDS = ("timeout_seconds", "scope", "local_max_concurrent", "backfill_seconds")
-# ... nor where its global limits live (they connected to it at start).
-_FIXED_SHARED_SETTINGS = (
-    "redis_url",
-    "redis_unavailable",
-    "redis_lease_seconds",
-    "redis_key_prefix",
-)
-# A client limit's controller lives in every transport made from it: moving it needs a restart.
-_FIXED_CLIENT_FIELDS = ("timeout_seconds", "max_queue", "scope", "adaptive", "backfill_seconds")
 # Said in a plan's first line (size and how it moves), not as a field of its own.
 _SIZE_FIELDS = frozenset({"max_concurrent", "adaptive"})
 
@@ -299,13 +283,14 @@ class ConcurrencyLimits:
             limit, old_feedback, previous = self._make_limit(config), None, None
         else:
             limit, old_feedback, previous = old.limit, old.feedback, old.config
-            _check_unchanged(f"routes.{index}", old.config, config, _FIXED_ROUTE_FIELDS)
-        drain = None
+            _check_unchanged(f"routes.{index}", old.config, config)
+        rate = None
         if config.retry_after_seconds == "auto":
-            drain = old_feedback.drain if old_feedback and old_feedback.drain else DrainRate()
+            kept = old_feedback.handover if old_feedback else None
+            rate = kept or HandoverRate()
         feedback = None
-        if config.adaptive is not None or drain is not None:
-            feedback = RouteFeedback(limit, config, drain=drain)
+        if config.adaptive is not None or rate is not None:
+            feedback = RouteFeedback(limit, config, handover=rate)
         old_limiter = old_feedback.limiter if old_feedback else None
         return LimitPlan("route", limit, config, previous, feedback, old_limiter)
 
@@ -313,7 +298,7 @@ class ConcurrencyLimits:
         old = self._previous.operations.get(config.limit_name) if self._previous else None
         if old is None:
             return LimitPlan("operation", self._make_limit(config), config)
-        _check_unchanged(f"operations.{index}", old.config, config, _FIXED_OPERATION_FIELDS)
+        _check_unchanged(f"operations.{index}", old.config, config)
         return LimitPlan("operation", old.limit, config, old.config)
 
     def _client_plan(self, index: int, config: ClientLimit) -> LimitPlan:
@@ -322,7 +307,7 @@ class ConcurrencyLimits:
             limit = self._make_limit(config)
             client = LimitedClient(config, limit, self.meter_provider)
             return LimitPlan("client", limit, config, client=client)
-        _check_unchanged(f"clients.{index}", old.config, config, _FIXED_CLIENT_FIELDS)
+        _check_unchanged(f"clients.{index}", old.config, config)
         return LimitPlan("client", old.limit, config, old.config, client=old)
 
     def _make_limit(self, config: RouteLimit | OperationLimit | ClientLimit) -> Limit:
@@ -399,8 +384,9 @@ def _shown(field: str, value: object) -> str:
 
 def _check_shared_settings(old: ConcurrencySettings, new: ConcurrencySettings) -> None:
     """A reload cannot move running global limits to another Redis, mode or lease."""
+    fixed = fixed_fields(ConcurrencySettings)
     for field, _, _ in _changed_fields(old, new):
-        if field in _FIXED_SHARED_SETTINGS:
+        if field in fixed:
             raise ValueError(
                 f"{field}: the running global limits were made with the old value; a reload "
                 "cannot change it (restart the server)"
@@ -411,8 +397,9 @@ def _check_unchanged(
     where: str,
     old: RouteLimit | OperationLimit | ClientLimit,
     new: RouteLimit | OperationLimit | ClientLimit,
-    fixed: tuple[str, ...],
 ) -> None:
+    """ValueError naming the first field marked Fixed (settings/fixed.py) that `new` changes."""
+    fixed = fixed_fields(type(new))
     for field, before, _ in _changed_fields(old, new):
         if field in fixed:
             raise ValueError(

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..flow import ROUTE_FLOW
 from .bodies import MAX_JSON_BODY_BYTES, json_body, openai_tokens
 from .budget import RetryBudget
 from .calls import DeadlineExceeded
 from .retry import IDEMPOTENT_METHODS, RetryPolicy
-from .weights import ROUTE_FLOW, RequestFlow, RequestWeight
+from .weights import RequestFlow, RequestWeight
 
 if TYPE_CHECKING:
     from .aiohttp import LimitedMiddleware, limited_middleware

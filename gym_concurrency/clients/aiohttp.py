@@ -23,6 +23,7 @@ try:
 except ImportError as error:  # absent, or older than client middlewares (3.12)
     raise missing_library(error, "aiohttp", "limited_middleware", "3.12") from error
 
+from ..flow import ROUTE_FLOW
 from ..limits import Limit
 from ..limits.adaptive import AdaptiveController
 from ..safe_urls import safe_url
@@ -30,11 +31,11 @@ from .adaptive import AdaptiveConfig
 from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
 from .leaks import guard_slot
 from .retry import RetryPolicy, RetryReason
-from .weights import ROUTE_FLOW, RequestFlow, RequestWeight
+from .weights import RequestFlow, RequestWeight
 
 __all__ = ["LimitedMiddleware", "limited_middleware"]
 
-DRAIN_BYTES = 64 * 1024  # as in the httpx transport: a short discarded body is read first
+DISCARD_READ_BYTES = 64 * 1024  # as in the httpx transport: a short discarded body is read first
 
 
 class _Call(NamedTuple):
@@ -143,7 +144,7 @@ class _AiohttpExchange:
     async def discard(self, response: ClientResponse) -> None:
         length = response.content_length
         try:
-            if length is not None and length <= DRAIN_BYTES:
+            if length is not None and length <= DISCARD_READ_BYTES:
                 await response.read()
         except aiohttp.ClientError:
             pass  # a retry follows anyway

@@ -30,6 +30,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from opentelemetry.metrics import MeterProvider
 
 from ..deadline import deadline_remaining
+from ..flow import ROUTE_FLOW
 from ..limits import Limit
 from ..limits.adaptive import AdaptiveController, AdaptiveLimiter
 from .adaptive import AdaptiveConfig, adaptive_limiter
@@ -46,7 +47,7 @@ from .retry import (
     retry_after_seconds,
     server_says_retry,
 )
-from .weights import ROUTE_FLOW, CallAsk, RequestFlow, RequestWeight
+from .weights import CallAsk, RequestFlow, RequestWeight
 
 __all__ = ["BodyDeadline", "CallsView", "DeadlineExceeded", "Exchange", "LimitedCalls", "Slot"]
 

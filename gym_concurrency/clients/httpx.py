@@ -21,6 +21,7 @@ try:
 except ImportError as error:
     raise missing_library(error, "httpx", "LimitedTransport", "0.27") from error
 
+from ..flow import ROUTE_FLOW
 from ..limits import Limit
 from ..limits.adaptive import AdaptiveController
 from ..safe_urls import safe_url
@@ -28,13 +29,13 @@ from .adaptive import AdaptiveConfig
 from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
 from .leaks import guard_slot
 from .retry import RetryPolicy, RetryReason
-from .weights import ROUTE_FLOW, RequestFlow, RequestWeight
+from .weights import RequestFlow, RequestWeight
 
 __all__ = ["DeadlineTimeout", "LimitedTransport"]
 
 # A response thrown away before a retry is read first when it says it is this short or
 # shorter, so its connection goes back to the pool; a longer one closes its connection.
-DRAIN_BYTES = 64 * 1024
+DISCARD_READ_BYTES = 64 * 1024
 
 
 class DeadlineTimeout(httpx.TimeoutException, DeadlineExceeded):
@@ -135,7 +136,7 @@ class _HttpxExchange:
     async def discard(self, response: httpx.Response) -> None:
         length = response.headers.get("content-length", "")
         try:
-            if length.isdigit() and int(length) <= DRAIN_BYTES:
+            if length.isdigit() and int(length) <= DISCARD_READ_BYTES:
                 await response.aread()
         except httpx.TransportError:
             pass  # a retry follows anyway; the connection is closed below

@@ -13,7 +13,7 @@ from ..limits import Limit
 from ..meters import PerMeter, SafeRecorder
 from .retry import BackoffSource, DeniedReason, RetryReason
 
-__all__ = ["ClientMetrics", "limit_attributes"]
+__all__ = ["ClientMetrics"]
 
 
 class _Instruments(SafeRecorder):

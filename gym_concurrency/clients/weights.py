@@ -24,7 +24,7 @@ from ..limits import Limit
 from ..safe_urls import safe_url
 from . import bodies
 
-__all__ = ["ROUTE_FLOW", "CallAsk", "RequestFlow", "RequestWeight"]
+__all__ = ["CallAsk", "RequestFlow", "RequestWeight"]
 
 RequestWeight = int | Callable[[Any], int]
 """`weight=`: an int >= 1, or a function of the outgoing request returning one."""

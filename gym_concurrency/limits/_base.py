@@ -1,20 +1,22 @@
-"""What every kind of limit shares, written once: identity, the failure counters, `leave()`'s
-accounting, `acquire()`'s mapping of a refusal to its exception, and argument checks.
+"""What every kind of limit shares, written once: identity, the failure counts (read from the
+AdmissionCounts the kind holds), `leave()`'s accounting, `acquire()`'s mapping of a refusal to
+its exception, and argument checks.
 
-A kind of limit subclasses `LimitBase` and provides the slots (`limit`, `active`,
-`available`, `queue_depth`, `try_acquire`, `enqueue`, `release`, `resize`) plus
-`_forget(waiter)`, which takes a waiter still queued out of its queue.
+A kind of limit subclasses `LimitBase`, hands it the AdmissionCounts it counts in, and
+provides the slots (`limit`, `active`, `available`, `queue_depth`, `try_acquire`, `enqueue`,
+`release`, `resize`) plus `_forget(waiter)`, which takes a waiter still queued out of its
+queue.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from collections.abc import Hashable
 from typing import ClassVar, Literal
 
 from ..deadline import deadline_remaining
+from .admission_counts import AdmissionCounts
 from .deadlines import check_deadline
 from .flows import FlowStatistics
 from .limit import (
@@ -30,9 +32,7 @@ from .limit import (
 )
 from .registry import register
 
-__all__ = ["LimitBase", "check_count", "check_seconds", "warn_capped"]
-
-_log = logging.getLogger("gym_concurrency.limits")
+__all__ = ["LimitBase", "check_count", "check_seconds"]
 
 
 class LimitBase:
@@ -49,6 +49,7 @@ class LimitBase:
         server: str | None,
         timeout: float | None,
         max_queue: int | None,
+        counts: AdmissionCounts,
     ) -> None:
         owner = type(self).__name__
         check_seconds(owner, "timeout", timeout, optional=True)
@@ -59,10 +60,7 @@ class LimitBase:
         self._server = server
         self._timeout = timeout
         self._max_queue = max_queue
-        self._timeouts = 0
-        self._cancelled = 0
-        self._shed = 0
-        self._capped = 0
+        self._counts = counts  # held by the kind: written where each wait ends, read here
 
     def _register(self) -> None:
         """List this limit for the observer and the status view, if it is named."""
@@ -98,31 +96,26 @@ class LimitBase:
 
     @property
     def admission_timeouts(self) -> int:
-        """Waits that gave up after `timeout` seconds (monotonic)."""
-        return self._timeouts
+        """Waits (in this process) that gave up after `timeout` seconds or their own deadline
+        (monotonic)."""
+        return self._counts.timeouts
 
     @property
     def admission_cancelled(self) -> int:
         """Waits that were cancelled (monotonic)."""
-        return self._cancelled
+        return self._counts.cancelled
 
     @property
     def admission_shed(self) -> int:
-        """Admissions refused at once because the queue was full (monotonic)."""
-        return self._shed
+        """Admissions refused at once because the queue was full (a shared limit's: the
+        global queue, or while Redis is away the local fallback's) (monotonic)."""
+        return self._counts.shed
 
     @property
     def admission_capped(self) -> int:
         """Waiters admitted at less weight than they asked for: heavier than the size the
         limit shrank to under them, they took all of it (monotonic)."""
-        return self._capped
-
-    def _count_capped(self, asked: int, granted: int) -> None:
-        """A waiter that asked `asked` was admitted at `granted`, the limit's size now: counted,
-        and the first of this limit logged."""
-        if not self._capped:
-            warn_capped(self._describe(), asked, granted)
-        self._capped += 1
+        return self._counts.capped
 
     @property
     def scope(self) -> LimitScope:
@@ -199,14 +192,15 @@ class LimitBase:
 
     def statistics(self) -> LimitStatistics:
         """The limit's state now, read at once."""
+        counts = self._counts
         return LimitStatistics(
             limit=self.limit,
             active=self.active,
             available=self.available,
             queue_depth=self.queue_depth,
-            admission_timeouts=self._timeouts,
-            admission_cancelled=self._cancelled,
-            admission_shed=self._shed,
+            admission_timeouts=counts.timeouts,
+            admission_cancelled=counts.cancelled,
+            admission_shed=counts.shed,
             queued_weight=self.queued_weight,
             flows=self.waiting_flows,
         )
@@ -270,13 +264,13 @@ class LimitBase:
         that same moment passes on to the next waiter, never lost."""
         counted = int(cancelled)
         if self._forget(waiter):
-            self._cancelled += counted
+            self._counts.cancel(counted)
             if not waiter.done():
                 waiter.cancel()
         elif waiter.cancelled():  # its task was cancelled while awaiting it, still queued
-            self._cancelled += counted
+            self._counts.cancel(counted)
         elif waiter.result() == "admitted":
-            self._cancelled += counted
+            self._counts.cancel(counted)
             self._give_back(waiter)
 
     def refuse(self, waiter: asyncio.Future[Admission]) -> bool:
@@ -292,18 +286,6 @@ class LimitBase:
         """Release what was handed to `waiter`, whose task left before it resumed."""
         self.settle(waiter)
         self.release()
-
-
-def warn_capped(describe: str, asked: int, granted: int) -> None:
-    """The warning for the first waiter of a limit admitted at less than it asked."""
-    _log.warning(
-        "gym_concurrency: %s: a waiter asking for weight %d was admitted at %d, the size "
-        "the limit shrank to under it (counted in admission_capped, and logged only "
-        "this once)",
-        describe,
-        asked,
-        granted,
-    )
 
 
 def check_count(owner: str, name: str, value: object, *, minimum: int = 0) -> None:

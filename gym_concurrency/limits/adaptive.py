@@ -1,6 +1,6 @@
 """Limits that move: controllers that set a limit from the latency and the overload answers of
-the work it admits, within a floor and a ceiling, and the drain rate behind an automatic
-Retry-After (`DrainRate`, in drain.py).
+the work it admits, within a floor and a ceiling. (The hand-over rate behind an automatic
+Retry-After is `HandoverRate`, in handover_rate.py.)
 
 A controller is fed one sample per admitted piece of work that finished: when it was admitted,
 when it finished, whether it ended in overload (the app answered 429 / 503 or raised) and how
@@ -28,14 +28,11 @@ import weakref
 from collections.abc import Callable
 from typing import ClassVar, Literal, Protocol, TypedDict, Unpack
 
-from .drain import DrainRate  # the drain rate behind Retry-After auto, named here as before
-
 __all__ = [
     "AdaptiveController",
     "AdaptiveLimiter",
     "AimdController",
     "Algorithm",
-    "DrainRate",
     "GradientController",
     "Tuning",
     "limiter_of",

@@ -12,13 +12,13 @@ import math
 from collections.abc import Callable
 from time import perf_counter
 
-from .drain import DrainRate
+from .handover_rate import HandoverRate
 from .limit import Admission
 
 __all__ = ["OwnDeadlines", "check_deadline"]
 
 Waiter = asyncio.Future[Admission]
-_WARM_UP_SECONDS = 2.0  # DrainRate reads the last whole second and the current one
+_WARM_UP_SECONDS = 2.0  # HandoverRate reads the last whole second and the current one
 _IDLE_SECONDS = 1.0  # no hand-over for this long: a queue forming now starts a new stretch
 
 
@@ -43,7 +43,7 @@ class OwnDeadlines:
         # When each armed waiter is due, on a clock read fresh (uvloop's loop.time() is read
         # once per loop iteration): a hand-over checks it, in case the loop ran late.
         self._due: dict[Waiter, float] = {}
-        self._rate = DrainRate(low=0)
+        self._rate = HandoverRate(low=0)
         # Hand-overs happen only while waiters queue: the rate means something once its whole
         # window (the last full second and this one) lies within one stretch of queueing.
         self._busy_since = perf_counter()

@@ -11,6 +11,7 @@ from typing import Literal
 
 from ..deadline import deadline_remaining, request_deadline
 from ._base import LimitBase, check_count
+from .admission_counts import AdmissionCounts
 from .backfill import check_backfill_seconds
 from .caps import CappedHolds
 from .deadlines import check_deadline
@@ -64,6 +65,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             server=server,
             timeout=timeout,
             max_queue=max_queue,
+            counts=AdmissionCounts(),  # this semaphore counts every way a wait ends
         )
         self._limit = value
         self._active = 0  # weight held, including weight handed to a waiter not yet resumed
@@ -256,7 +258,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         # resumed): the request waits for that hand-over instead.
         full = self._max_queue is not None and len(self._waiting) >= self._max_queue
         if full and (self._active >= self._limit or queue.holding):
-            self._shed += 1
+            self._counts.shed_one()
             waiter.set_result("shed")
             return waiter
         if deadline is not None:
@@ -344,7 +346,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         """End `waiter`'s wait with `refusal`, counted as a timeout, unless it has ended (it
         was cancelled with its task, which counts it when it leaves)."""
         if not waiter.done():
-            self._timeouts += 1
+            self._counts.timed_out()
             waiter.set_result(refusal)
 
     def _give_back(self, waiter: Waiter) -> None:
@@ -387,7 +389,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             if self._hand(chosen.waiter, weight, chosen.flow) and weight < chosen.weight:
                 self._handed[chosen.waiter] = (chosen.weight, chosen.flow)  # what it releases
                 self._caps.add(chosen.flow, chosen.weight, weight)
-                self._count_capped(chosen.weight, weight)
+                self._counts.cap(self._describe(), chosen.weight, weight)
 
     def _backfill(self, passers: list[tuple[Waiter, Ask]]) -> None:
         """Admit each of `passers` (the waiters that may pass the one held for, backfill.py)

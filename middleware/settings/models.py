@@ -42,6 +42,7 @@ from .credentials import (
 )
 from .environment import READ_ENVIRONMENT, EnvironmentSource, environment_values
 from .files import load_mapping
+from .fixed import Fixed
 from .names import (
     check_client_names,
     check_no_overlapping_routes,
@@ -139,24 +140,25 @@ class RouteLimit(NumbersAreNumbers):
     methods: tuple[str, ...] | None = None
     limit_name: _Name
     max_concurrent: int = Field(ge=1)
-    queue_timeout_seconds: _Seconds | None = None
-    max_queue: int | None = Field(default=None, ge=0)
+    # Fixed (reload): its waiters were admitted under these; a reload names the field.
+    queue_timeout_seconds: Annotated[_Seconds | None, Fixed] = None
+    max_queue: Annotated[int | None, Fixed] = Field(default=None, ge=0)
     failure: FailureProfile = "problem"
     # Whole seconds; "auto": how long the queue ahead would take to clear at the measured rate.
     retry_after_seconds: Annotated[int, Field(ge=0)] | Literal["auto"] | None = None
     adaptive: AdaptiveLimit | None = None
     # "global": one limit shared by every process that configures this limit_name against the
     # same Redis (ConcurrencySettings.redis_url); "process": this process's own.
-    scope: LimitScope = "process"
+    scope: Annotated[LimitScope, Fixed] = "process"
     # Slots this process admits on its own while Redis cannot be reached, with
     # redis_unavailable="local" (None: max_concurrent).
-    local_max_concurrent: int | None = Field(default=None, ge=1)
+    local_max_concurrent: Annotated[int | None, Fixed] = Field(default=None, ge=1)
     # Where a request's flow, weight and deadline come from (docs/flows.md, docs/deadlines.md).
     deadline: DeadlineSource | None = None
     flow: FlowSource | None = None
     weight: WeightSource = 1
     default_output_tokens: int = Field(default=DEFAULT_OUTPUT_TOKENS, ge=1)
-    backfill_seconds: _Backfill = 0.0
+    backfill_seconds: Annotated[_Backfill, Fixed] = 0.0
 
     @field_validator("retry_after_seconds", mode="before")
     @classmethod
@@ -215,10 +217,10 @@ class OperationLimit(NumbersAreNumbers):
     operation: str
     executor: str
     max_concurrent: int = Field(ge=1)
-    timeout_seconds: _Seconds | None = None
-    scope: LimitScope = "process"  # as RouteLimit.scope
-    local_max_concurrent: int | None = Field(default=None, ge=1)  # as RouteLimit's
-    backfill_seconds: _Backfill = 0.0  # as RouteLimit's
+    timeout_seconds: Annotated[_Seconds | None, Fixed] = None
+    scope: Annotated[LimitScope, Fixed] = "process"  # as RouteLimit.scope
+    local_max_concurrent: Annotated[int | None, Fixed] = Field(default=None, ge=1)  # as Route's
+    backfill_seconds: Annotated[_Backfill, Fixed] = 0.0  # as RouteLimit's
 
     @field_validator("operation")
     @classmethod
@@ -272,16 +274,17 @@ class ClientLimit(NumbersAreNumbers):
 
     limit_name: _Name
     max_concurrent: int = Field(ge=1)
-    timeout_seconds: _Seconds | None = None
-    max_queue: int | None = Field(default=None, ge=0)
+    timeout_seconds: Annotated[_Seconds | None, Fixed] = None
+    max_queue: Annotated[int | None, Fixed] = Field(default=None, ge=0)
     # "route": a call goes in the flow of the request being handled (docs/clients.md).
     flow: ClientFlowSource = "route"
     weight: ClientWeightSource = 1
     retry: ClientRetry | None = Field(default_factory=ClientRetry)
-    adaptive: AdaptiveLimit | None = None
-    scope: LimitScope = "process"  # as RouteLimit.scope
+    # Fixed: its controller lives in every transport made from it (moving it: a restart).
+    adaptive: Annotated[AdaptiveLimit | None, Fixed] = None
+    scope: Annotated[LimitScope, Fixed] = "process"  # as RouteLimit.scope
     local_max_concurrent: int | None = Field(default=None, ge=1)  # as RouteLimit's
-    backfill_seconds: _Backfill = 0.0  # as RouteLimit's
+    backfill_seconds: Annotated[_Backfill, Fixed] = 0.0  # as RouteLimit's
     deadline_header: DeadlineHeader | None = None  # e.g. x-envoy-expected-rq-timeout-ms
 
     @model_validator(mode="after")
@@ -326,15 +329,16 @@ class ConcurrencySettings(NumbersAreNumbers, BaseSettings):
     credential_headers: CredentialHeaders = ()
     flow_labels: FlowLabels = Field(default_factory=dict)
     # Limits with scope="global" live in this Redis (or Valkey): redis://host:port/db.
-    redis_url: str | None = None
+    # Fixed (reload, with global limits running): they connected with these at start.
+    redis_url: Annotated[str | None, Fixed] = None
     # Redis unreachable: "refuse" answers with the failure profile (reason unavailable);
     # "local" admits through a process-local limit of local_max_concurrent slots.
-    redis_unavailable: Literal["refuse", "local"] = "refuse"
+    redis_unavailable: Annotated[Literal["refuse", "local"], Fixed] = "refuse"
     # A global slot is a lease, renewed by one heartbeat per process every third of this.
-    redis_lease_seconds: _Seconds = 10.0
+    redis_lease_seconds: Annotated[_Seconds, Fixed] = 10.0
     # Put before every Redis key of this server's global limits (which are already named by
     # component, server_name and limit_name): deployments sharing those stay apart.
-    redis_key_prefix: _KeyPrefix | None = None
+    redis_key_prefix: Annotated[_KeyPrefix | None, Fixed] = None
 
     @field_validator("routes", "operations", "clients", mode="before")
     @classmethod

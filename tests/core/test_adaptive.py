@@ -27,10 +27,10 @@ from gym_concurrency.limits.adaptive import (
     AdaptiveController,
     AdaptiveLimiter,
     AimdController,
-    DrainRate,
     GradientController,
     make_controller,
 )
+from gym_concurrency.limits.handover_rate import HandoverRate
 
 BASE = 0.1  # seconds, the upstream's latency below its knee
 
@@ -361,11 +361,11 @@ def test_rising_latency_with_a_standing_queue_never_raises_the_limit(algorithm, 
         previous = controller.limit
 
 
-# --- the drain rate behind Retry-After: auto ---------------------------------------------
+# --- the hand-over rate behind Retry-After: auto ---------------------------------------------
 
 
 def test_ten_queued_at_five_releases_a_second_is_about_two_seconds():
-    rate = DrainRate()
+    rate = HandoverRate()
     for i in range(15):  # 5 a second for 3 s
         rate.release(100.0 + i * 0.2)
     assert rate.per_second(103.0) == pytest.approx(5.0, rel=0.05)
@@ -373,18 +373,18 @@ def test_ten_queued_at_five_releases_a_second_is_about_two_seconds():
 
 
 def test_retry_after_is_clamped_to_one_and_sixty_seconds():
-    rate = DrainRate()
+    rate = HandoverRate()
     assert rate.retry_after(0, 5.0) == 60  # nothing released yet: the queue does not move
     for i in range(1000):
         rate.release(5.0 + i * 0.001)
     assert rate.retry_after(0, 6.0) == 1
-    slow = DrainRate()
+    slow = HandoverRate()
     slow.release(10.0)
     assert slow.retry_after(500, 10.5) == 60
 
 
 def test_an_idle_second_forgets_the_rate_before_it():
-    rate = DrainRate()
+    rate = HandoverRate()
     for i in range(50):
         rate.release(10.0 + i * 0.01)
     assert rate.per_second(12.5) == 0.0  # nothing in second 11 or 12

@@ -1,6 +1,7 @@
 """Adaptive route limits and Retry-After auto through the middleware: the app's overload answers
 and exceptions move the limit down on the direct and the queued path, latency moves it, the
-limit stays in its bounds and gym.concurrency.limit shows it; Retry-After from the drain rate."""
+limit stays in its bounds and gym.concurrency.limit shows it; Retry-After from the hand-over
+rate."""
 
 from __future__ import annotations
 

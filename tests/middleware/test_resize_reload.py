@@ -10,12 +10,13 @@ import re
 import signal
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import pytest
 from apps import Gate, make_app
 from gym_concurrency.middleware import (
+    ClientLimit,
     ConcurrencyLimitMiddleware,
     ConcurrencySettings,
     OperationLimit,
@@ -24,6 +25,8 @@ from gym_concurrency.middleware import (
     reload_settings,
 )
 from gym_concurrency.middleware.admission import ConcurrencyConfigError
+from gym_concurrency.middleware.limits import ConcurrencyLimits
+from gym_concurrency.middleware.settings.fixed import Fixed, fixed_fields
 from servers import eventually
 
 from gym_concurrency import COMPONENT_ATTRIBUTE, CONCURRENCY_LIMIT_INSTRUMENT, LIMIT_NAME_ATTRIBUTE
@@ -162,6 +165,48 @@ async def test_a_reload_that_cannot_apply_changes_nothing(component: str, change
     with pytest.raises(ValueError, match="component"):
         reload_settings(app, settings(component + "_other", size=7))
     await client.aclose()
+
+
+def test_the_fields_a_reload_refuses_are_those_marked_fixed(component: str):
+    class TaggedRoute(RouteLimit):  # a field added later, marked: refused with no list to edit
+        tag: Annotated[str, Fixed] = "a"
+
+    def tagged(tag: str, size: int) -> ConcurrencySettings:
+        route = TaggedRoute(path="/run", limit_name="episodes", max_concurrent=size, tag=tag)
+        return ConcurrencySettings(component=component, routes=[route])
+
+    running = ConcurrencyLimits(tagged("a", 1))
+    assert ConcurrencyLimits(tagged("a", 2), previous=running).apply() == [
+        "route limit 'episodes': 1 -> 2, static"
+    ]
+    with pytest.raises(ValueError, match=r"routes\.0\.tag: limit 'episodes' is running with"):
+        ConcurrencyLimits(tagged("b", 2), previous=running)
+    assert fixed_fields(RouteLimit) == {
+        "queue_timeout_seconds",
+        "max_queue",
+        "scope",
+        "local_max_concurrent",
+        "backfill_seconds",
+    }
+    assert fixed_fields(OperationLimit) == {
+        "timeout_seconds",
+        "scope",
+        "local_max_concurrent",
+        "backfill_seconds",
+    }
+    assert fixed_fields(ClientLimit) == {
+        "timeout_seconds",
+        "max_queue",
+        "scope",
+        "adaptive",
+        "backfill_seconds",
+    }
+    assert fixed_fields(ConcurrencySettings) == {
+        "redis_url",
+        "redis_unavailable",
+        "redis_lease_seconds",
+        "redis_key_prefix",
+    }
 
 
 def test_reload_off_the_event_loop_says_how_to_call_it(component: str):

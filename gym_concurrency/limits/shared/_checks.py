@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Final, Literal, get_args
 
+from ...safe_urls import safe_url
 from .._base import check_count, check_seconds
-from ._connection import SCHEMES, safe_url, sentinel_parts
+from ._connection import SCHEMES, sentinel_parts
 
 __all__ = [
     "MAX_FLOW_LENGTH",

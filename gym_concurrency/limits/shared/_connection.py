@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from gym_concurrency.safe_urls import safe_url
+from ...safe_urls import safe_url
 
-__all__ = ["SCHEMES", "Connection", "misconfiguration", "safe_url", "sentinel_parts"]
+__all__ = ["SCHEMES", "Connection", "misconfiguration", "sentinel_parts"]
 
 SCHEMES: Final = ("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://")
 _SENTINEL: Final = "redis+sentinel://"

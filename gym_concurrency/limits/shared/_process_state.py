@@ -19,7 +19,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterator
 
-from .._base import warn_capped
+from ..admission_counts import AdmissionCounts
 from ..flows import FlowStatistics
 from ..limit import Admission, Refusal
 from ._fallback import Fallback
@@ -40,14 +40,16 @@ LostHook = Callable[[tuple[str, ...]], None]
 class ProcessState:
     """The slots, waiters, fallback and failure counts of one shared limit in this process.
 
-    `held`, `waiters` and `fallback` are read by the limit and by `sync`; the counts
-    (`timeouts`, `shed`, `unavailable`, `capped`: monotonic, each failed admission counted
-    once) are the limit's statistics. `fallback_slots` (None: "refuse") sizes the fallback;
-    `on_lease_lost(ids)` runs after the warning for leases not renewed in time."""
+    `held`, `waiters` and `fallback` are read by the limit and by `sync`; how waits end here
+    is counted in `counts` (timeouts, shed, capped; the limit's, which counts cancels) and
+    `unavailable` (monotonic, each failed admission counted once). `fallback_slots` (None:
+    "refuse") sizes the fallback; `on_lease_lost(ids)` runs after the warning for leases not
+    renewed in time."""
 
     def __init__(
         self,
         store: RedisStore,
+        counts: AdmissionCounts,
         *,
         fallback_slots: int | None,
         max_queue: int | None,
@@ -59,10 +61,8 @@ class ProcessState:
         self.waiters = Waiters()
         self.fallback = Fallback(fallback_slots, max_queue) if fallback_slots is not None else None
         self.closed = False
-        self.timeouts = 0  # a waiter's own deadline too
-        self.shed = 0
+        self.counts = counts
         self.unavailable = 0  # once per arrival, refused or admitted through the fallback
-        self.capped = 0
         self._proc = ""  # this process's part of every id (new for each event loop, fork)
         self._counter: Iterator[int] = itertools.count(1)
         self._store = store
@@ -118,7 +118,7 @@ class ProcessState:
         expire: Callable[[Waiter], None] = self._expire
         if deadline is not None and (timeout is None or deadline < timeout):
             if deadline <= 0:
-                self.timeouts += 1  # counted as a timeout, answered as its own refusal
+                self.counts.timed_out()  # answered as its own refusal
                 future.set_result("deadline")
                 return future
             timeout, expire = deadline, self._expire_deadline
@@ -175,7 +175,7 @@ class ProcessState:
             return
         self.waiters.end(waiter)
         if not waiter.future.done():  # else cancelled with its task, counted when it leaves
-            self.timeouts += 1  # a deadline too: counted as a timeout
+            self.counts.timed_out()  # a deadline too
             waiter.future.set_result(refusal)
         self._abandon(waiter)
 
@@ -222,7 +222,7 @@ class ProcessState:
             self._admit(waiter, lease)
         elif status == SHED:  # the global queue is full
             self.waiters.end(waiter)
-            self.shed += 1
+            self.counts.shed_one()
             waiter.future.set_result("shed")
 
     def unanswered(self, waiter: Waiter) -> None:
@@ -261,10 +261,7 @@ class ProcessState:
         self.waiters.admitted(waiter)
         self.held[lease] = waiter.sent_at  # (its deadline was set then, or renewed since)
         if lease != waiter.id:  # granted the whole of a limit shrunk under its weight
-            granted = lease_weight(lease)
-            if not self.capped:
-                warn_capped(self._describe, waiter.weight, granted)
-            self.capped += 1
+            self.counts.cap(self._describe, waiter.weight, lease_weight(lease))
         waiter.future.set_result("admitted")
 
     # --- while Redis is away -----------------------------------------------------------
@@ -285,7 +282,7 @@ class ProcessState:
             return
         if admitted == "shed":  # the local queue is full too
             self.waiters.end(waiter)
-            self.shed += 1
+            self.counts.shed_one()
         else:
             self.waiters.admitted(waiter)
             self._hold_fallback(waiter)

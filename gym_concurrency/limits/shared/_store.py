@@ -19,9 +19,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from ...safe_urls import safe_url
 from ..limit import LimitConfigurationError
 from . import scripts
-from ._connection import Connection, misconfiguration, safe_url
+from ._connection import Connection, misconfiguration
 from ._lane import ScriptLane
 from ._replies import (
     AcquireReply,

@@ -23,6 +23,7 @@ from collections.abc import Callable, Hashable
 from typing import Final
 
 from .._base import LimitBase, check_count
+from ..admission_counts import AdmissionCounts
 from ..deadlines import check_deadline
 from ..flows import FlowStatistics
 from ..limit import Admission, GlobalStatistics, LimitConfigurationError, LimitStatistics
@@ -40,7 +41,7 @@ from ._loops import Heartbeat, mailbox
 from ._process_state import ProcessState
 from ._store import RedisStore
 
-__all__ = ["LeaseLostHook", "RedisUnavailable", "SharedLimit"]
+__all__ = ["LeaseLostHook", "SharedLimit"]
 
 LeaseLostHook = Callable[["SharedLimit", tuple[str, ...]], None]
 """Called on the event loop with the limit and the ids of the leases it could not renew."""
@@ -70,8 +71,9 @@ class SharedLimit(LimitBase):
     limit disagree with). Implements `gym_concurrency.limits.Limit`.
 
     Its parts: `_store` (Redis, and the global state as last seen), `_state` (this
-    process's slots, waiters, local fallback and failure counts), `_sync` (what Redis must be
-    told, and what it answers: `_state`'s link to Redis), `_heartbeat` (renewals, a thread).
+    process's slots, waiters and local fallback; it counts how waits end in `_counts`),
+    `_sync` (what Redis must be told, and what it answers: `_state`'s link to Redis),
+    `_heartbeat` (renewals, a thread).
     """
 
     _scope = "global"
@@ -98,12 +100,14 @@ class SharedLimit(LimitBase):
     ) -> None:
         owner = type(self).__name__
         check_count(owner, "value", value)
+        counts = AdmissionCounts()  # counted by `_state`, where waits end (cancels: here)
         super().__init__(
             component=component,
             limit_name=limit_name,
             server=server,
             timeout=timeout,
             max_queue=max_queue,
+            counts=counts,
         )
         shared_key = check_key(key, component, server, limit_name)
         check_url(redis_url)
@@ -129,6 +133,7 @@ class SharedLimit(LimitBase):
         )
         self._state = ProcessState(
             self._store,
+            counts,
             fallback_slots=local_max_concurrent,
             max_queue=max_queue,
             lease_seconds=self._lease_seconds,
@@ -225,24 +230,6 @@ class SharedLimit(LimitBase):
         return self._store.queued
 
     @property
-    def admission_timeouts(self) -> int:
-        """Waits in this process that gave up after `timeout` seconds or their own deadline
-        (monotonic)."""
-        return self._state.timeouts
-
-    @property
-    def admission_shed(self) -> int:
-        """Admissions in this process refused at once: the global queue (or, while Redis is
-        away, the local fallback's) was full (monotonic)."""
-        return self._state.shed
-
-    @property
-    def admission_capped(self) -> int:
-        """Waiters in this process admitted at the size the limit shrank to under them, less
-        than they asked (monotonic)."""
-        return self._state.capped
-
-    @property
     def admission_unavailable(self) -> int:
         """Admissions in this process that could not reach Redis: refused, or admitted
         through the local fallback (monotonic)."""
@@ -262,15 +249,15 @@ class SharedLimit(LimitBase):
 
     def statistics(self) -> LimitStatistics:
         """This process's share, the global state as last seen, and `admission_unavailable`."""
-        store, state = self._store, self._state
+        store, state, counts = self._store, self._state, self._counts
         return LimitStatistics(
             limit=store.limit,
             active=self.active,
             available=self.available,
             queue_depth=len(state.waiters),
-            admission_timeouts=state.timeouts,
-            admission_cancelled=self._cancelled,
-            admission_shed=state.shed,
+            admission_timeouts=counts.timeouts,
+            admission_cancelled=counts.cancelled,
+            admission_shed=counts.shed,
             queued_weight=state.waiters.weight,
             flows=state.waiters.flows(),
             admission_unavailable=state.unavailable,

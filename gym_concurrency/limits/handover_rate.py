@@ -1,12 +1,13 @@
-"""The drain rate of a limit: how fast it gives slots back, and so how long a request arriving
-now would wait; what an automatic Retry-After says. Plain arithmetic on the caller's clock."""
+"""The hand-over rate of a limit: how fast it gives slots back, and so how long a request
+arriving now would wait; what an automatic Retry-After says, and whether a waiter's own
+deadline can be met (deadlines.py). Plain arithmetic on the caller's clock."""
 
 from __future__ import annotations
 
-__all__ = ["DrainRate"]
+__all__ = ["HandoverRate"]
 
 
-class DrainRate:
+class HandoverRate:
     """How fast a limit gives slots back, in plain numbers: releases counted per whole second
     of the caller's clock, read as the rate over the last full second and the current one.
 
