@@ -283,7 +283,7 @@ class ClientLimit(NumbersAreNumbers):
     # Fixed: its controller lives in every transport made from it (moving it: a restart).
     adaptive: Annotated[AdaptiveLimit | None, Fixed] = None
     scope: Annotated[LimitScope, Fixed] = "process"  # as RouteLimit.scope
-    local_max_concurrent: int | None = Field(default=None, ge=1)  # as RouteLimit's
+    local_max_concurrent: Annotated[int | None, Fixed] = Field(default=None, ge=1)  # as Route's
     backfill_seconds: Annotated[_Backfill, Fixed] = 0.0  # as RouteLimit's
     deadline_header: DeadlineHeader | None = None  # e.g. x-envoy-expected-rq-timeout-ms
 

@@ -177,6 +177,10 @@ async def test_reload_resizes_the_limit_and_retries_by_the_new_policy(
         app.state.next_settings = with_judge(name, max_concurrent=3, timeout_seconds=5)
         error = (await caller.post("/reload")).json()["error"]
         assert error.startswith("clients.0.timeout_seconds: limit 'judge' is running with")
+        # Its fallback size is fixed too: a reload that changed it would be logged, not made.
+        app.state.next_settings = with_judge(name, max_concurrent=3, local_max_concurrent=2)
+        error = (await caller.post("/reload")).json()["error"]
+        assert error.startswith("clients.0.local_max_concurrent: limit 'judge' is running with")
         assert judge.limit.limit == 3
 
 

@@ -199,6 +199,7 @@ def test_the_fields_a_reload_refuses_are_those_marked_fixed(component: str):
         "max_queue",
         "scope",
         "adaptive",
+        "local_max_concurrent",
         "backfill_seconds",
     }
     assert fixed_fields(ConcurrencySettings) == {
