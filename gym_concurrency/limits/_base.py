@@ -3,7 +3,8 @@ accounting, `acquire()`'s mapping of a refusal to its exception, and argument ch
 
 A kind of limit subclasses `LimitBase` and provides the slots (`limit`, `active`,
 `available`, `queue_depth`, `try_acquire`, `enqueue`, `release`, `resize`) plus
-`_forget(waiter)`, which takes a waiter still queued out of its queue.
+`_forget(waiter)`, which takes a waiter still queued out of its queue. A kind that takes an
+upstream (`budget=`, `engine=`: upstream.py) provides `_reserve()` too.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import asyncio
 import logging
 import math
 from collections.abc import Hashable
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from ..deadline import deadline_remaining
+from ..safe_urls import safe_url
 from .deadlines import check_deadline
 from .flows import FlowStatistics
 from .limit import (
@@ -26,9 +28,15 @@ from .limit import (
     LimitUnavailableError,
     QueueFullError,
     Refusal,
+    UpstreamCapacityError,
     wait_in_queue,
 )
 from .registry import register
+from .upstream import Upstream, check_tokens
+
+if TYPE_CHECKING:
+    from ..engines.signal import EngineSignal
+    from .rate_budget import RateBudget, Reservation
 
 __all__ = ["LimitBase", "check_count", "check_seconds", "warn_capped"]
 
@@ -49,11 +57,15 @@ class LimitBase:
         server: str | None,
         timeout: float | None,
         max_queue: int | None,
+        budget: RateBudget | None = None,
+        engine: EngineSignal | None = None,
     ) -> None:
         owner = type(self).__name__
         check_seconds(owner, "timeout", timeout, optional=True)
         if max_queue is not None:
             check_count(owner, "max_queue", max_queue)
+        no_upstream = budget is None and engine is None
+        self._upstream = None if no_upstream else Upstream(budget, engine)
         self._component = component
         self._limit_name = limit_name
         self._server = server
@@ -63,6 +75,8 @@ class LimitBase:
         self._cancelled = 0
         self._shed = 0
         self._capped = 0
+        self._over_budget = 0  # refusals "budget" (counted in `_timeouts` too)
+        self._saturated = 0  # refusals "saturated" (counted in `_timeouts` too)
 
     def _register(self) -> None:
         """List this limit for the observer and the status view, if it is named."""
@@ -112,6 +126,24 @@ class LimitBase:
         return self._shed
 
     @property
+    def admission_budget(self) -> int:
+        """Waits refused because the rate budget could not hold them in time (monotonic)."""
+        return self._over_budget
+
+    @property
+    def admission_saturated(self) -> int:
+        """Waits that ended while the engine signal did not admit (monotonic)."""
+        return self._saturated
+
+    def _count_late(self, refusal: Refusal) -> None:
+        """Count a wait ended by `refusal`: a timeout ("deadline", "budget", "saturated" too)."""
+        self._timeouts += 1
+        if refusal == "budget":
+            self._over_budget += 1
+        elif refusal == "saturated":
+            self._saturated += 1
+
+    @property
     def admission_capped(self) -> int:
         """Waiters admitted at less weight than they asked for: heavier than the size the
         limit shrank to under them, they took all of it (monotonic)."""
@@ -123,6 +155,39 @@ class LimitBase:
         if not self._capped:
             warn_capped(self._describe(), asked, granted)
         self._capped += 1
+
+    @property
+    def upstream(self) -> Upstream | None:
+        """The rate budget and engine signal asked with the slots; None: neither."""
+        return self._upstream
+
+    @property
+    def budget(self) -> RateBudget | None:
+        """The rate budget each admission reserves from, if any."""
+        return None if self._upstream is None else self._upstream.budget
+
+    @property
+    def engine(self) -> EngineSignal | None:
+        """The engine signal each admission asks, if any."""
+        return None if self._upstream is None else self._upstream.engine
+
+    def _estimate(self, weight: int, tokens: int | None) -> int:
+        """What an ask reserves of the upstream: `tokens` (checked), else the weight; capped
+        at the budget's minute (counted in `admission_capped`: no waiter waits forever)."""
+        asked = weight if tokens is None else check_tokens(type(self).__name__, tokens)
+        upstream = self._upstream
+        capped = asked if upstream is None else upstream.capped(asked)
+        if capped < asked:
+            if not self._capped:
+                _log.warning(
+                    "gym_concurrency: %s: an estimate of %d tokens was capped at %d, what its "
+                    "budget holds a minute (counted in admission_capped, logged only this once)",
+                    self._describe(),
+                    asked,
+                    capped,
+                )
+            self._capped += 1
+        return capped
 
     @property
     def scope(self) -> LimitScope:
@@ -189,9 +254,19 @@ class LimitBase:
         """Take `waiter` out of the queue if it is still there (True), undoing what it queues."""
         raise NotImplementedError
 
-    def settle(self, waiter: asyncio.Future[Admission]) -> None:
+    def settle(self, waiter: asyncio.Future[Admission]) -> Reservation | None:
         """The task awaiting `waiter` resumed with its wait ended; a kind that holds slots
-        back for waiters not yet resumed (MeteredSemaphore) ends that hand-over here."""
+        back for waiters not yet resumed (MeteredSemaphore) ends that hand-over here, and
+        hands over the reservation taken with them (None: none)."""
+        return None
+
+    async def _reserve(
+        self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
+    ) -> Reservation | None:
+        """`acquire()`, returning the reservation taken with the slots for the caller to close
+        (None: no budget). A kind that takes an upstream overrides it."""
+        await self.acquire(weight, flow, deadline=deadline, tokens=tokens)
+        return None
 
     def _queue_full(self) -> str:
         """What a QueueFullError says after the limit's name."""
@@ -209,6 +284,8 @@ class LimitBase:
             admission_shed=self._shed,
             queued_weight=self.queued_weight,
             flows=self.waiting_flows,
+            admission_budget=self._over_budget,
+            admission_saturated=self._saturated,
         )
 
     def _describe(self) -> str:
@@ -221,14 +298,28 @@ class LimitBase:
     # --- admission -------------------------------------------------------------------
 
     async def acquire(
-        self, weight: int = 1, flow: Hashable = None, *, deadline: float | None = None
+        self,
+        weight: int = 1,
+        flow: Hashable = None,
+        *,
+        deadline: float | None = None,
+        tokens: int | None = None,
     ) -> Literal[True]:
         """Take `weight` for `flow`, waiting in fair order at most `timeout` or `deadline`
         seconds (the sooner; None: what is left of the request's deadline, if one is being
         handled); raises TimeoutError (DeadlineExceededError when the deadline ended the
-        wait), QueueFullError, LimitUnavailableError, or cancels (leaving the queue)."""
+        wait, UpstreamCapacityError when the upstream did), QueueFullError,
+        LimitUnavailableError, or cancels (leaving the queue). With an upstream, `tokens`
+        (default: the weight) are reserved and charged in full at once: acquire() cannot
+        settle (`hold()` and `enqueue()` + `settle()` can)."""
         if deadline is not None:
             check_deadline(type(self).__name__, deadline)
+        upstream = self._upstream
+        if upstream is not None:
+            upstream.charge_in_full(await self._reserve(weight, flow, deadline, tokens))
+            return True
+        if tokens is not None:
+            check_tokens(type(self).__name__, tokens)
         if not self.try_acquire(weight, flow):
             if deadline is None:  # what is left of the request's, if one is being handled
                 deadline = deadline_remaining()
@@ -237,9 +328,11 @@ class LimitBase:
                 raise self._refused(admission, deadline)
         return True
 
-    def hold(self, weight: int = 1, flow: Hashable = None) -> Hold:
-        """`async with limit.hold(weight, flow):` acquires on enter, releases on exit."""
-        return Hold(self, weight, flow)
+    def hold(self, weight: int = 1, flow: Hashable = None, *, tokens: int | None = None) -> Hold:
+        """`async with limit.hold(weight, flow, tokens=) as held:` acquires on enter, releases
+        on exit; `held` (a Held) settles the reservation taken with the slots, else the exit
+        charges it in full."""
+        return Hold(self, weight, flow, tokens)
 
     async def __aenter__(self) -> None:
         # acquire() without a second coroutine (asyncio's mixin awaits self.acquire()).
@@ -254,6 +347,8 @@ class LimitBase:
 
     def _refused(self, refusal: Refusal, deadline: float | None = None) -> Exception:
         """The exception `acquire()` raises for `refusal` (`deadline`: the waiter's own)."""
+        if refusal == "budget" or refusal == "saturated":
+            return self._upstream_refused(refusal, 1)
         if refusal == "deadline":
             return DeadlineExceededError(
                 f"{self._describe()}: no slot within the deadline, {deadline} s"
@@ -263,6 +358,28 @@ class LimitBase:
         if refusal == "unavailable":
             return LimitUnavailableError(f"{self._describe()}: Redis cannot be reached")
         return TimeoutError(f"{self._describe()}: no slot within {self._timeout} s")
+
+    def _upstream_refused(
+        self, refusal: Literal["budget", "saturated"], estimate: int
+    ) -> UpstreamCapacityError:
+        """The exception for a wait the upstream ended; `estimate`: what it asked of it (its
+        Retry-After is when the budget would hold that)."""
+        upstream = self._upstream
+        if refusal == "budget":
+            wait = 0.0 if upstream is None else upstream.wait(estimate)
+            return UpstreamCapacityError(
+                f"{self._describe()}: the rate budget could not hold {estimate} tokens within "
+                f"the wait allowed (it holds them in {wait:.3f} s)",
+                "budget",
+                wait,
+            )
+        url = "?" if upstream is None or upstream.engine is None else upstream.engine.url
+        return UpstreamCapacityError(
+            f"{self._describe()}: the engine at {safe_url(url)} did not admit within the "
+            "wait allowed",
+            "saturated",
+            None,
+        )
 
     def leave(self, waiter: asyncio.Future[Admission], *, cancelled: bool = True) -> None:
         """Give up waiting: counted as cancelled (unless `cancelled` is False: the request

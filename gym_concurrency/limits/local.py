@@ -1,13 +1,16 @@
 """MeteredSemaphore: an asyncio.BoundedSemaphore that counts its state in plain integers, in
 units of weight, and serves flows fairly (see flows.py). Its waiters live in its WaitQueue
-(wait_queue.py); what they hold, and how their waits ended, is counted here."""
+(wait_queue.py); what they hold, and how their waits ended, is counted here. With a rate
+budget or an engine signal (`budget=`, `engine=`), its UpstreamGate (upstream.py) is asked
+too: one admission takes slots and the upstream together, or neither."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Hashable
-from typing import Literal
+import weakref
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING
 
 from ..deadline import deadline_remaining, request_deadline
 from ._base import LimitBase, check_count
@@ -15,8 +18,13 @@ from .backfill import check_backfill_seconds
 from .caps import CappedHolds
 from .deadlines import check_deadline
 from .flows import Ask, FlowStatistics
-from .limit import Admission
+from .limit import Admission, Refusal
+from .upstream import UpstreamGate
 from .wait_queue import WaitQueue
+
+if TYPE_CHECKING:
+    from ..engines.signal import EngineSignal
+    from .rate_budget import RateBudget, Reservation
 
 __all__ = ["MeteredSemaphore"]
 
@@ -35,6 +43,9 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     queue raises QueueFullError at once); `backfill_seconds` (default 0: never) lets lighter
     waiters that fit pass the waiter chosen next for at most that long (backfill.py). Acquire
     and release make no telemetry call: the observer reads these integers at export.
+    `budget` (a RateBudget) and `engine` (an EngineSignal) are asked with the slots: each ask
+    brings `tokens` (its estimate; default: its weight), waiters queue fairly for both, and
+    the waiter chosen next that the upstream cannot take yet keeps the slots held for it.
 
     An asyncio.BoundedSemaphore by type and behaviour, not by state: asyncio's `_value` and
     `_waiters` are never made; of its methods only `_get_loop` (unused) and `_wake_up_next`
@@ -53,6 +64,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         timeout: float | None = None,
         max_queue: int | None = None,
         backfill_seconds: float = 0.0,
+        budget: RateBudget | None = None,
+        engine: EngineSignal | None = None,
     ) -> None:
         owner = type(self).__name__
         check_count(owner, "value", value)
@@ -64,6 +77,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             server=server,
             timeout=timeout,
             max_queue=max_queue,
+            budget=budget,
+            engine=engine,
         )
         self._limit = value
         self._active = 0  # weight held, including weight handed to a waiter not yet resumed
@@ -78,7 +93,9 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         self._handed: dict[Waiter, Ask | None] = {}
         self._caps = CappedHolds()  # holders admitted at a shrunk limit's size, below their ask
         self._backfilled = 0
-        self._queue = WaitQueue(self._held_by, backfill_seconds)
+        upstream = self._upstream
+        self._gate = None if upstream is None else UpstreamGate(upstream, self._retry())
+        self._queue = WaitQueue(self._held_by, backfill_seconds, always_fair=upstream is not None)
         # The queue's waiters in arrival order, read (never written) here: on the hot paths an
         # attribute of the queue costs the uncontended `async with` about 2% more instructions.
         self._waiting = self._queue.waiters
@@ -151,7 +168,9 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
 
     def locked(self) -> bool:
         """True if `acquire()` would wait (or fail) rather than take a slot at once."""
-        return self._active >= self._limit or bool(self._waiting) or bool(self._handed)
+        if self._active >= self._limit or self._waiting or self._handed:
+            return True
+        return self._gate is not None and self._gate.refusal(1, self._active) is not None
 
     def __repr__(self) -> str:
         # asyncio's own shape ("... object at 0x... [unlocked, value:1]"), with the limit's
@@ -173,13 +192,21 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
 
     # --- acquire / release -----------------------------------------------------------
 
-    def try_acquire(self, weight: int = 1, flow: Hashable = None) -> bool:
+    def try_acquire(
+        self, weight: int = 1, flow: Hashable = None, *, tokens: int | None = None
+    ) -> bool:
         """Take `weight` if it is free and nobody waits (nor was handed weight and has yet to
-        resume), without waiting; True if taken. ValueError if `weight` exceeds the limit."""
+        resume), and the upstream admits `tokens` now (charged in full: nothing settles it),
+        without waiting; True if taken. ValueError if `weight` exceeds the limit."""
         if flow is not None or weight != 1:
             self._check_weight(weight)
         if self._active + weight > self._limit or self._waiting or self._handed:
             return False
+        gate = self._gate
+        if gate is not None or tokens is not None:
+            estimate = self._estimate(weight, tokens)
+            if gate is not None and not gate.take_in_full(estimate, self._active):
+                return False
         if flow is not None:  # a flow's count first: see flow_statistics()
             self._take(flow, weight)
         self._active += weight
@@ -189,7 +216,11 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         # `acquire()` with the defaults. try_acquire(), inline: the uncontended `async with`
         # is the hot path, and a call there costs it 14% (docs/performance.md, issue 34).
         if self._active < self._limit and not self._waiting and not self._handed:
-            self._active += 1
+            if self._gate is None:
+                self._active += 1
+                return
+        if self._gate is not None:  # the upstream's reservation: taken, charged in full
+            await self.acquire()
             return
         # wait_in_queue(), inline (one coroutine less): the contended path is the hot one too.
         deadline = None if request_deadline() is None else deadline_remaining()
@@ -239,14 +270,22 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             self._admit_waiters()
 
     def enqueue(
-        self, weight: int = 1, flow: Hashable = None, deadline: float | None = None
+        self,
+        weight: int = 1,
+        flow: Hashable = None,
+        deadline: float | None = None,
+        *,
+        tokens: int | None = None,
     ) -> Waiter:
         """Join the queue (call after `try_acquire()` failed): the future ends "admitted" (the
         weight is held), "timeout" (the limit's timeout) or "deadline" (the waiter's own
         `deadline`, in seconds from now, when sooner), or is done already: "shed" if
         `max_queue` tasks wait, "deadline" if the deadline is past or the measured hand-over
-        rate says it cannot be met. ValueError if `weight` exceeds the limit; nothing else
-        raises."""
+        rate says it cannot be met. With an upstream, `tokens` (default: the weight) are asked
+        of it too: "admitted" at once if both take it now, "budget" at once if the budget holds
+        it only after the timeout or deadline, "budget" / "saturated" for a wait that ends while
+        slots are free for the waiter chosen next but not the upstream. ValueError if `weight`
+        exceeds the limit (or `tokens` is not an int >= 0); nothing else raises."""
         if weight != 1:
             self._check_weight(weight)
         loop = asyncio.get_running_loop()
@@ -265,12 +304,18 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             if deadline is None:  # it cannot be met
                 self._end_late(waiter, "deadline")  # counted as a timeout, its own refusal
                 return waiter
+        estimate = None
+        if self._gate is not None or tokens is not None:
+            estimate = self._estimate(weight, tokens)
+            if self._gate is not None and self._gate.too_late(estimate, self._timeout, deadline):
+                self._end_late(waiter, "budget")  # the budget holds it only too late
+                return waiter
         due = None
         if self._timeout is not None:
             due = loop.time() + self._timeout
             if self._timer is None:
                 self._timer = loop.call_at(due, self._time_out)
-        queue.add(waiter, weight, flow, due)
+        queue.add(waiter, weight, flow, due, estimate)
         if deadline is not None and (self._timeout is None or deadline < self._timeout):
             queue.arm(waiter, deadline, self._deadline_passed)
         choosing = queue.fair and (not queue.holding or queue.backfill_seconds)
@@ -278,15 +323,17 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             self._admit_fairly()  # it does not fit: it is chosen, and capacity held for it
         return waiter
 
-    def settle(self, waiter: Waiter) -> None:
+    def settle(self, waiter: Waiter) -> Reservation | None:
         """The task awaiting `waiter` resumed: weight handed to it is its own from now on, and
         waiters that queued behind the hand-over get the capacity still free (as
-        asyncio.Semaphore's resumed task does). Called in that task, not as a loop callback."""
+        asyncio.Semaphore's resumed task does); so is the upstream's reservation returned
+        (None: no budget), for it to close. Called in that task, not as a loop callback."""
         handed = self._handed
         if handed:
             handed.pop(waiter, None)
             if self._waiting:
                 self._admit_waiters()
+        return None if self._gate is None else self._gate.claim(waiter)
 
     def refuse(self, waiter: Waiter) -> bool:
         """End a queued `waiter`'s wait with "unavailable" (shutting down; uncounted): True if
@@ -331,25 +378,62 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         queue = self._queue
         held_for = False
         now = loop.time() + _CLOCK_RESOLUTION  # as the loop itself decides a timer is due
+        refusal = self._late_refusal()
         for waiter in queue.due(now):
             held_for |= queue.remove(waiter)
-            self._end_late(waiter, "timeout")
+            self._end_late(waiter, refusal)
         due = queue.next_due()
         if due is not None:
             self._timer = loop.call_at(due, self._time_out)
         if held_for and self._waiting:
             self._admit_waiters()  # the capacity held for the one that timed out moves on
 
-    def _end_late(self, waiter: Waiter, refusal: Literal["timeout", "deadline"]) -> None:
+    def _late_refusal(self) -> Refusal:
+        """How a timeout ends a wait now: "budget" / "saturated" while the slots are free for
+        the waiter chosen next but the upstream holds it back, else "timeout"."""
+        gate, queue = self._gate, self._queue
+        chosen = None if gate is None else queue.choose()
+        if gate is None or chosen is None:
+            return "timeout"
+        if self._active + min(chosen.weight, self._limit) > self._limit:
+            return "timeout"
+        return gate.refusal(queue.estimate(chosen.waiter), self._active) or "timeout"
+
+    def _end_late(self, waiter: Waiter, refusal: Refusal) -> None:
         """End `waiter`'s wait with `refusal`, counted as a timeout, unless it has ended (it
         was cancelled with its task, which counts it when it leaves)."""
         if not waiter.done():
-            self._timeouts += 1
+            self._count_late(refusal)
             waiter.set_result(refusal)
 
     def _give_back(self, waiter: Waiter) -> None:
         weight, flow = self._handed.pop(waiter, None) or (1, None)
+        if self._gate is not None:  # its call is never sent
+            self._gate.cancel(waiter)
         self.release(weight, flow)
+
+    async def _reserve(
+        self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
+    ) -> Reservation | None:
+        if self._gate is None:
+            return await super()._reserve(weight, flow, deadline, tokens)
+        if deadline is None:  # what is left of the request's, if one is being handled
+            deadline = deadline_remaining()
+        waiter = self.enqueue(weight, flow, deadline, tokens=tokens)
+        try:
+            admission = await waiter
+        except asyncio.CancelledError:
+            self.leave(waiter)
+            raise
+        reservation = self.settle(waiter)
+        if admission == "budget" or admission == "saturated":
+            raise self._upstream_refused(admission, weight if tokens is None else tokens)
+        if admission != "admitted":
+            raise self._refused(admission, deadline)
+        return reservation
+
+    def _retry(self) -> weakref.WeakMethod[Callable[[], None]]:
+        return weakref.WeakMethod(self._admit_waiters)
 
     # --- admission -------------------------------------------------------------------
 
@@ -384,7 +468,11 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             if self._active + weight > self._limit:  # freed capacity is held for it
                 self._backfill(queue.hold(chosen))
                 return
-            if self._hand(chosen.waiter, weight, chosen.flow) and weight < chosen.weight:
+            handed = self._hand(chosen.waiter, weight, chosen.flow)
+            if handed is None:  # it fits but the upstream cannot take it yet: held for it too
+                self._backfill(queue.hold(chosen))
+                return
+            if handed and weight < chosen.weight:
                 self._handed[chosen.waiter] = (chosen.weight, chosen.flow)  # what it releases
                 self._caps.add(chosen.flow, chosen.weight, weight)
                 self._count_capped(chosen.weight, weight)
@@ -400,8 +488,9 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
                 if self._active >= self._limit:
                     return
 
-    def _hand(self, waiter: Waiter, weight: int, flow: Hashable) -> bool:
-        """Admit the queued `waiter` (True), unless it left or its own deadline passed."""
+    def _hand(self, waiter: Waiter, weight: int, flow: Hashable) -> bool | None:
+        """Admit the queued `waiter` (True), unless it left or its own deadline passed (False)
+        or the upstream cannot take it now (None)."""
         queue = self._queue
         if waiter.done():  # cancelled with its task, which counts it when it leaves
             queue.remove(waiter)
@@ -410,6 +499,9 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             queue.remove(waiter)
             self._end_late(waiter, "deadline")
             return False
+        gate = self._gate
+        if gate is not None and not gate.admit(waiter, queue.estimate(waiter), self._active):
+            return None
         if flow is not None:  # a flow's count first: see flow_statistics()
             self._take(flow, weight)
         self._active += weight

@@ -24,6 +24,8 @@ how the minute is metered (docs/rate-budgets.md compares them):
   Until then admission uses the smaller of this budget's own remaining and the reported one
   less what was reserved since the report; it never loosens past the configured budget. A
   report observed earlier than the one in force is ignored (the freshest reading wins).
+- `wait_for(tokens)` reads, without charging, the seconds until `reserve` would take it;
+  `resize(budget, per_minute)` changes one budget's size (a settings reload).
 - `statistics()` reads every budget at once as one frozen value, as anyio's CapacityLimiter
   answers.
 
@@ -188,6 +190,23 @@ class RateBudget:
             if word is not None:
                 word.spent += amount
         return Reservation(self, asked, now, self._epoch)
+
+    def wait_for(
+        self, tokens: int, *, input_tokens: int | None = None, output_tokens: int | None = None
+    ) -> float:
+        """Seconds until `reserve` with the same estimate would succeed (0.0: now), charging
+        nothing: a Retry-After. The same ValueError as `reserve` for a bad estimate."""
+        asked = self._asked(tokens, input_tokens, output_tokens)
+        now = self._advance()
+        return max((budget.wait(amount, now) for budget, amount in asked if amount), default=0.0)
+
+    def resize(self, budget: BudgetName, per_minute: int) -> None:
+        """Make `budget` (configured) `per_minute` a minute from now on; what was charged stays
+        charged. ValueError for a budget not configured or a size that is not an int >= 1."""
+        target = self._by_name.get(budget)
+        if target is None:
+            raise ValueError(f"this RateBudget has no {budget} budget to resize")
+        target.resize(_size(budget, per_minute), self._advance())
 
     def settle(self, reservation: Reservation, usage: Usage | int) -> None:
         """Close `reservation` with what the call used: a `Usage`, or a total of tokens (then

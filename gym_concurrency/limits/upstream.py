@@ -1,0 +1,217 @@
+"""What a limit asks of its upstream besides slots: a rate budget (rate_budget.py) and an
+engine's own load (engines/signal.py). One admission takes slots and the upstream together, or
+neither.
+
+`Upstream` is the question itself, O(1) and with no await: may a call of `tokens` go now, and
+if not, for how long not. It owns no slots. `UpstreamGate` is one MeteredSemaphore's side of
+it: the reservations handed to waiters not yet resumed, the one timer that retries admission
+when the budget will hold the waiter chosen next, and the engine listener that retries it
+after every scrape. The semaphore (local.py) decides who is next and holds slots for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from ..engines.signal import EngineSignal, EngineStatistics
+from .limit import Admission
+from .rate_budget import RateBudget, RateBudgetStatistics, Reservation
+
+__all__ = ["Upstream", "UpstreamGate", "UpstreamWait", "check_tokens"]
+
+Waiter = asyncio.Future[Admission]
+UpstreamRefusal = Literal["budget", "saturated"]
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamWait:
+    """Not now: `seconds` until the budget holds the call (exact), or until the engine may
+    admit it (math.inf: not known before a scrape lands); `reason` says which refused."""
+
+    seconds: float
+    reason: UpstreamRefusal
+
+
+def check_tokens(owner: str, tokens: object) -> int:
+    """`tokens` (an estimate) as an int >= 0; TypeError / ValueError naming it otherwise."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int):
+        raise TypeError(f"{owner} tokens must be an int, got {tokens!r}")
+    if tokens < 0:
+        raise ValueError(f"{owner} tokens must be >= 0, got {tokens}")
+    return tokens
+
+
+class Upstream:
+    """A rate budget, an engine signal, or both, asked together (at least one)."""
+
+    __slots__ = ("budget", "engine")
+
+    def __init__(self, budget: RateBudget | None = None, engine: EngineSignal | None = None):
+        if budget is not None and not isinstance(budget, RateBudget):
+            raise TypeError(f"budget must be a RateBudget, got {budget!r}")
+        if engine is not None and not isinstance(engine, EngineSignal):
+            raise TypeError(f"engine must be an EngineSignal, got {engine!r}")
+        if budget is None and engine is None:
+            raise ValueError("an Upstream needs a budget, an engine or both")
+        self.budget = budget
+        self.engine = engine
+
+    @property
+    def cap(self) -> int | None:
+        """The largest estimate the budget can ever hold (its smallest tokens-like minute);
+        None: no limit on an estimate."""
+        if self.budget is None:
+            return None
+        sizes = [size for name, size in self.budget.limits.items() if name != "requests"]
+        return min(sizes, default=None)
+
+    def capped(self, tokens: int) -> int:
+        """`tokens`, or the cap if it is larger (an estimate no minute holds would wait
+        forever)."""
+        cap = self.cap
+        return tokens if cap is None or tokens <= cap else cap
+
+    def take(self, tokens: int, now: float, in_flight: int) -> Reservation | None | UpstreamWait:
+        """Admit a call of `tokens` (capped) now, or say how long not: the engine asked first
+        (`now`: loop time; `in_flight`: the limit's weight held), then the budget reserved
+        (on its own clock). Admitted: the Reservation (None without a budget), and the
+        engine's count of admissions raised by one."""
+        engine = self.engine
+        if engine is not None and not engine.admits(now, in_flight):
+            return UpstreamWait(math.inf, "saturated")
+        reservation = None
+        if self.budget is not None:
+            taken = self.budget.reserve(self.capped(tokens))
+            if not isinstance(taken, Reservation):
+                return UpstreamWait(taken, "budget")
+            reservation = taken
+        if engine is not None:
+            engine.admitted(1)
+        return reservation
+
+    def wait(self, tokens: int, now: float | None = None) -> float:
+        """Seconds until the budget would hold `tokens` (capped); 0.0 now, or without a
+        budget. Reads only: nothing is charged (a Retry-After). `now` is unused: the budget
+        reads its own clock."""
+        return 0.0 if self.budget is None else self.budget.wait_for(self.capped(tokens))
+
+    def refusal(self, tokens: int, now: float, in_flight: int) -> UpstreamRefusal | None:
+        """Which part would refuse a call of `tokens` now ("saturated" first), charging
+        nothing; None if both would take it."""
+        engine = self.engine
+        if engine is not None and not engine.admits(now, in_flight):
+            return "saturated"
+        return "budget" if self.wait(tokens) > 0.0 else None
+
+    def charge_in_full(self, reservation: Reservation | None) -> None:
+        """Close `reservation` (None: nothing to close) as a call that cannot settle."""
+        if reservation is not None and self.budget is not None:
+            self.budget.charge_in_full(reservation)
+
+    def statistics(self) -> tuple[RateBudgetStatistics | None, EngineStatistics | None]:
+        """The budget's and the engine's statistics now (None for a part not configured)."""
+        budget = None if self.budget is None else self.budget.statistics()
+        engine = None if self.engine is None else self.engine.statistics()
+        return budget, engine
+
+    def __repr__(self) -> str:
+        return f"<Upstream budget={self.budget!r} engine={self.engine!r}>"
+
+
+class UpstreamGate:
+    """One MeteredSemaphore's admission through an Upstream.
+
+    `retry` is a weak reference to the semaphore's "admit the next waiters": the gate calls it
+    when its timer fires (the budget now holds the waiter it was armed for) and after every
+    scrape of the engine, and holds the semaphore only weakly (a dropped limit is collected,
+    and its engine listener removed with it)."""
+
+    __slots__ = ("__weakref__", "_due", "_handed", "_retry", "_timer", "upstream")
+
+    def __init__(self, upstream: Upstream, retry: weakref.WeakMethod[Callable[[], None]]):
+        self.upstream = upstream
+        self._retry = retry
+        self._handed: dict[Waiter, Reservation] = {}  # admitted, not yet settled or left
+        self._timer: asyncio.TimerHandle | None = None
+        self._due = math.inf
+        engine = upstream.engine
+        if engine is not None:
+            listener = _listener(retry)
+            engine.add_listener(listener)
+            weakref.finalize(self, engine.remove_listener, listener)
+
+    def admit(self, waiter: Waiter, tokens: int, in_flight: int) -> bool:
+        """Take the upstream for the queued `waiter` (True: its reservation kept for
+        `claim`); False: not now, and the timer armed for when the budget holds it."""
+        loop = waiter.get_loop()
+        now = loop.time()
+        taken = self.upstream.take(tokens, now, in_flight)
+        if isinstance(taken, UpstreamWait):
+            if math.isfinite(taken.seconds):
+                self._arm(loop, now + taken.seconds)
+            return False
+        if taken is not None:
+            self._handed[waiter] = taken
+        return True
+
+    def take_in_full(self, tokens: int, in_flight: int) -> bool:
+        """Take the upstream now for a caller that cannot settle (charged in full at once);
+        False if it does not admit now."""
+        taken = self.upstream.take(tokens, asyncio.get_running_loop().time(), in_flight)
+        if isinstance(taken, UpstreamWait):
+            return False
+        self.upstream.charge_in_full(taken)
+        return True
+
+    def claim(self, waiter: Waiter) -> Reservation | None:
+        """The reservation handed to `waiter` (admitted), now its task's to close."""
+        return self._handed.pop(waiter, None)
+
+    def cancel(self, waiter: Waiter) -> None:
+        """`waiter` left after it was admitted: its call is never sent, all of it comes back."""
+        reservation = self._handed.pop(waiter, None)
+        if reservation is not None and self.upstream.budget is not None:
+            self.upstream.budget.cancel(reservation)
+
+    def too_late(self, tokens: int, timeout: float | None, deadline: float | None) -> bool:
+        """True if the budget holds `tokens` only after `timeout` or `deadline` (seconds from
+        now; None: unbounded), whichever is sooner: the wait could not end admitted."""
+        bounds = [b for b in (timeout, deadline) if b is not None]
+        return bool(bounds) and self.upstream.wait(tokens) > min(bounds)
+
+    def refusal(self, tokens: int, in_flight: int) -> UpstreamRefusal | None:
+        """Which part of the upstream holds back a call of `tokens` now; None: neither."""
+        loop = asyncio.get_running_loop()
+        return self.upstream.refusal(tokens, loop.time(), in_flight)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
+        """One timer: armed for `due` unless one is armed sooner already."""
+        if self._timer is not None:
+            if self._due <= due:
+                return
+            self._timer.cancel()
+        self._due = due
+        self._timer = loop.call_at(due, self._fire)
+
+    def _fire(self) -> None:
+        self._timer, self._due = None, math.inf
+        retry = self._retry()
+        if retry is not None:
+            retry()
+
+
+def _listener(retry: weakref.WeakMethod[Callable[[], None]]) -> Callable[[], None]:
+    """A plain function for the engine's listeners (held strongly there) that holds the
+    limit only through `retry`, a weak reference."""
+
+    def scraped() -> None:
+        admit = retry()
+        if admit is not None:
+            admit()
+
+    return scraped
