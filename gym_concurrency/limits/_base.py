@@ -16,7 +16,7 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from ..deadline import deadline_remaining
-from ..safe_urls import safe_url
+from .asks import check_tokens
 from .deadlines import check_deadline
 from .flows import FlowStatistics
 from .limit import (
@@ -28,11 +28,10 @@ from .limit import (
     LimitUnavailableError,
     QueueFullError,
     Refusal,
-    UpstreamCapacityError,
     wait_in_queue,
 )
 from .registry import register
-from .upstream import Upstream, check_tokens
+from .upstream import Upstream
 
 if TYPE_CHECKING:
     from ..engines.signal import EngineSignal
@@ -64,8 +63,7 @@ class LimitBase:
         check_seconds(owner, "timeout", timeout, optional=True)
         if max_queue is not None:
             check_count(owner, "max_queue", max_queue)
-        no_upstream = budget is None and engine is None
-        self._upstream = None if no_upstream else Upstream(budget, engine)
+        self._upstream = None if budget is None and engine is None else Upstream(budget, engine)
         self._component = component
         self._limit_name = limit_name
         self._server = server
@@ -149,11 +147,11 @@ class LimitBase:
         limit shrank to under them, they took all of it (monotonic)."""
         return self._capped
 
-    def _count_capped(self, asked: int, granted: int) -> None:
-        """A waiter that asked `asked` was admitted at `granted`, the limit's size now: counted,
-        and the first of this limit logged."""
+    def _count_capped(self, asked: int, granted: int, what: str = "") -> None:
+        """A waiter that asked `asked` was admitted at `granted`, the limit's size now (or,
+        `what`, an estimate capped at a budget's minute): counted, the first one logged."""
         if not self._capped:
-            warn_capped(self._describe(), asked, granted)
+            warn_capped(self._describe(), asked, granted, what)
         self._capped += 1
 
     @property
@@ -178,15 +176,7 @@ class LimitBase:
         upstream = self._upstream
         capped = asked if upstream is None else upstream.capped(asked)
         if capped < asked:
-            if not self._capped:
-                _log.warning(
-                    "gym_concurrency: %s: an estimate of %d tokens was capped at %d, what its "
-                    "budget holds a minute (counted in admission_capped, logged only this once)",
-                    self._describe(),
-                    asked,
-                    capped,
-                )
-            self._capped += 1
+            self._count_capped(asked, capped, "an estimate of tokens")
         return capped
 
     @property
@@ -208,8 +198,8 @@ class LimitBase:
 
     @property
     def available(self) -> int:
-        """Slots free now; 0 while a shrunk limit drains."""
-        raise NotImplementedError
+        """Slots free now: `limit - active`, or 0 while a shrunk limit drains."""
+        return max(0, self.limit - self.active)
 
     @property
     def queue_depth(self) -> int:
@@ -250,6 +240,21 @@ class LimitBase:
         """Change the number of slots; held slots are never revoked."""
         raise NotImplementedError
 
+    def locked(self) -> bool:
+        """True if `acquire()` would wait (or fail) rather than take a slot at once."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        # asyncio's shape ("... object at 0x... [unlocked, value:1]"), named, sized, held.
+        name = f" {self._component}/{self._limit_name}" if self._limit_name else ""
+        state = "locked" if self.locked() else f"unlocked, value:{self.available}"
+        if self.queue_depth:
+            state += f", waiters:{self.queue_depth}"
+        return (
+            f"<{type(self).__name__}{name} object at {id(self):#x} limit={self.limit} "
+            f"active={self.active} [{state}]>"
+        )
+
     def _forget(self, waiter: asyncio.Future[Admission]) -> bool:
         """Take `waiter` out of the queue if it is still there (True), undoing what it queues."""
         raise NotImplementedError
@@ -258,14 +263,6 @@ class LimitBase:
         """The task awaiting `waiter` resumed with its wait ended; a kind that holds slots
         back for waiters not yet resumed (MeteredSemaphore) ends that hand-over here, and
         hands over the reservation taken with them (None: none)."""
-        return None
-
-    async def _reserve(
-        self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
-    ) -> Reservation | None:
-        """`acquire()`, returning the reservation taken with the slots for the caller to close
-        (None: no budget). A kind that takes an upstream overrides it."""
-        await self.acquire(weight, flow, deadline=deadline, tokens=tokens)
         return None
 
     def _queue_full(self) -> str:
@@ -347,8 +344,9 @@ class LimitBase:
 
     def _refused(self, refusal: Refusal, deadline: float | None = None) -> Exception:
         """The exception `acquire()` raises for `refusal` (`deadline`: the waiter's own)."""
-        if refusal == "budget" or refusal == "saturated":
-            return self._upstream_refused(refusal, 1)
+        upstream = self._upstream
+        if upstream is not None and (refusal == "budget" or refusal == "saturated"):
+            return upstream.refused(self._describe(), refusal, 1)
         if refusal == "deadline":
             return DeadlineExceededError(
                 f"{self._describe()}: no slot within the deadline, {deadline} s"
@@ -358,28 +356,6 @@ class LimitBase:
         if refusal == "unavailable":
             return LimitUnavailableError(f"{self._describe()}: Redis cannot be reached")
         return TimeoutError(f"{self._describe()}: no slot within {self._timeout} s")
-
-    def _upstream_refused(
-        self, refusal: Literal["budget", "saturated"], estimate: int
-    ) -> UpstreamCapacityError:
-        """The exception for a wait the upstream ended; `estimate`: what it asked of it (its
-        Retry-After is when the budget would hold that)."""
-        upstream = self._upstream
-        if refusal == "budget":
-            wait = 0.0 if upstream is None else upstream.wait(estimate)
-            return UpstreamCapacityError(
-                f"{self._describe()}: the rate budget could not hold {estimate} tokens within "
-                f"the wait allowed (it holds them in {wait:.3f} s)",
-                "budget",
-                wait,
-            )
-        url = "?" if upstream is None or upstream.engine is None else upstream.engine.url
-        return UpstreamCapacityError(
-            f"{self._describe()}: the engine at {safe_url(url)} did not admit within the "
-            "wait allowed",
-            "saturated",
-            None,
-        )
 
     def leave(self, waiter: asyncio.Future[Admission], *, cancelled: bool = True) -> None:
         """Give up waiting: counted as cancelled (unless `cancelled` is False: the request
@@ -405,21 +381,54 @@ class LimitBase:
             waiter.set_result("unavailable")
         return True
 
+    async def _reserve(
+        self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
+    ) -> Reservation | None:
+        """`acquire()`, returning the reservation taken with the slots for the caller to close
+        (None: no upstream): with an upstream, through `_enqueue_tokens` and `settle`."""
+        if self._upstream is None:
+            await self.acquire(weight, flow, deadline=deadline, tokens=tokens)
+            return None
+        if deadline is None:  # what is left of the request's, if one is being handled
+            deadline = deadline_remaining()
+        waiter = self._enqueue_tokens(weight, flow, deadline, tokens)
+        try:
+            admission = await waiter
+        except asyncio.CancelledError:
+            self.leave(waiter)
+            raise
+        reservation = self.settle(waiter)
+        if admission == "budget" or admission == "saturated":
+            estimate = weight if tokens is None else tokens
+            raise self._upstream.refused(self._describe(), admission, estimate)
+        if admission != "admitted":
+            raise self._refused(admission, deadline)
+        return reservation
+
+    def _enqueue_tokens(
+        self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
+    ) -> asyncio.Future[Admission]:
+        """`enqueue(weight, flow, deadline, tokens=tokens)`, of a kind that takes an upstream."""
+        raise TypeError(f"{self._describe()} takes no budget or engine")
+
     def _give_back(self, waiter: asyncio.Future[Admission]) -> None:
         """Release what was handed to `waiter`, whose task left before it resumed."""
         self.settle(waiter)
         self.release()
 
 
-def warn_capped(describe: str, asked: int, granted: int) -> None:
-    """The warning for the first waiter of a limit admitted at less than it asked."""
+def warn_capped(describe: str, asked: int, granted: int, what: str = "") -> None:
+    """The warning for the first waiter of a limit admitted at less than it asked (a weight
+    over a shrunk limit; `what`: else, as "an estimate of tokens" over a budget's minute)."""
+    if what:
+        why = f"{what} {asked} was capped at {granted}, what its budget holds a minute"
+    else:
+        why = f"a waiter asking for weight {asked} was admitted at {granted}, the size the "
+        why += "limit shrank to under it"
     _log.warning(
-        "gym_concurrency: %s: a waiter asking for weight %d was admitted at %d, the size "
-        "the limit shrank to under it (counted in admission_capped, and logged only "
-        "this once)",
+        "gym_concurrency: %s: %s (counted in admission_capped, and logged only this once)",
         describe,
-        asked,
-        granted,
+        why,
     )
 
 

@@ -7,6 +7,17 @@ if not, for how long not. It owns no slots. `UpstreamGate` is one MeteredSemapho
 it: the reservations handed to waiters not yet resumed, the one timer that retries admission
 when the budget will hold the waiter chosen next, and the engine listener that retries it
 after every scrape. The semaphore (local.py) decides who is next and holds slots for them.
+
+How a wait ends on a limit with an upstream (each ask brings `tokens`, its estimate; None:
+its weight; capped at the budget's minute and counted in `admission_capped`):
+- "admitted" at once from `enqueue()` when nobody waits and slots and upstream take it now;
+- "budget" at once when the budget would hold it only after the limit's timeout or the
+  waiter's deadline (counted as a timeout and in `admission_budget`);
+- "budget" / "saturated" when its timeout passes while slots are free for the waiter chosen
+  next but the upstream holds that one back (counted as a timeout and in
+  `admission_budget` / `admission_saturated`); else "timeout", as without an upstream.
+The waiter chosen next that the upstream cannot take yet keeps the slots held for it (as a
+heavy waiter does): lighter ones pass it only under `backfill_seconds`.
 """
 
 from __future__ import annotations
@@ -19,10 +30,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..engines.signal import EngineSignal, EngineStatistics
-from .limit import Admission
+from ..safe_urls import safe_url
+from .limit import Admission, Refusal, UpstreamCapacityError
 from .rate_budget import RateBudget, RateBudgetStatistics, Reservation
+from .wait_queue import WaitQueue
 
-__all__ = ["Upstream", "UpstreamGate", "UpstreamWait", "check_tokens"]
+__all__ = ["Upstream", "UpstreamGate", "UpstreamWait"]
 
 Waiter = asyncio.Future[Admission]
 UpstreamRefusal = Literal["budget", "saturated"]
@@ -35,15 +48,6 @@ class UpstreamWait:
 
     seconds: float
     reason: UpstreamRefusal
-
-
-def check_tokens(owner: str, tokens: object) -> int:
-    """`tokens` (an estimate) as an int >= 0; TypeError / ValueError naming it otherwise."""
-    if isinstance(tokens, bool) or not isinstance(tokens, int):
-        raise TypeError(f"{owner} tokens must be an int, got {tokens!r}")
-    if tokens < 0:
-        raise ValueError(f"{owner} tokens must be >= 0, got {tokens}")
-    return tokens
 
 
 class Upstream:
@@ -76,7 +80,7 @@ class Upstream:
         cap = self.cap
         return tokens if cap is None or tokens <= cap else cap
 
-    def take(self, tokens: int, now: float, in_flight: int) -> Reservation | None | UpstreamWait:
+    def take(self, tokens: int, now: float, in_flight: int) -> Reservation | UpstreamWait | None:
         """Admit a call of `tokens` (capped) now, or say how long not: the engine asked first
         (`now`: loop time; `in_flight`: the limit's weight held), then the budget reserved
         (on its own clock). Admitted: the Reservation (None without a budget), and the
@@ -108,6 +112,23 @@ class Upstream:
             return "saturated"
         return "budget" if self.wait(tokens) > 0.0 else None
 
+    def refused(
+        self, describe: str, refusal: UpstreamRefusal, tokens: int
+    ) -> UpstreamCapacityError:
+        """The error for a wait of `describe` (the limit) that `refusal` ended, for `tokens`:
+        its `retry_after` is when the budget would hold them (None for the engine)."""
+        if refusal == "budget":
+            wait = self.wait(tokens)
+            return UpstreamCapacityError(
+                f"{describe}: the rate budget could not hold {tokens} tokens within the wait "
+                f"allowed (it holds them in {wait:.3f} s)",
+                "budget",
+                wait,
+            )
+        url = "?" if self.engine is None else safe_url(self.engine.url)
+        message = f"{describe}: the engine at {url} did not admit within the wait allowed"
+        return UpstreamCapacityError(message, "saturated", None)
+
     def charge_in_full(self, reservation: Reservation | None) -> None:
         """Close `reservation` (None: nothing to close) as a call that cannot settle."""
         if reservation is not None and self.budget is not None:
@@ -126,24 +147,29 @@ class Upstream:
 class UpstreamGate:
     """One MeteredSemaphore's admission through an Upstream.
 
-    `retry` is a weak reference to the semaphore's "admit the next waiters": the gate calls it
+    `retry` is the semaphore's "admit the next waiters", held weakly: the gate calls it
     when its timer fires (the budget now holds the waiter it was armed for) and after every
     scrape of the engine, and holds the semaphore only weakly (a dropped limit is collected,
     and its engine listener removed with it)."""
 
     __slots__ = ("__weakref__", "_due", "_handed", "_retry", "_timer", "upstream")
 
-    def __init__(self, upstream: Upstream, retry: weakref.WeakMethod[Callable[[], None]]):
+    def __init__(self, upstream: Upstream, retry: Callable[[], None]):
         self.upstream = upstream
-        self._retry = retry
+        self._retry = weakref.WeakMethod(retry)
         self._handed: dict[Waiter, Reservation] = {}  # admitted, not yet settled or left
         self._timer: asyncio.TimerHandle | None = None
         self._due = math.inf
         engine = upstream.engine
         if engine is not None:
-            listener = _listener(retry)
+            listener = _listener(self._retry)
             engine.add_listener(listener)
             weakref.finalize(self, engine.remove_listener, listener)
+
+    @classmethod
+    def of(cls, upstream: Upstream | None, retry: Callable[[], None]) -> UpstreamGate | None:
+        """A gate for `upstream` (None: none, and no gate)."""
+        return None if upstream is None else cls(upstream, retry)
 
     def admit(self, waiter: Waiter, tokens: int, in_flight: int) -> bool:
         """Take the upstream for the queued `waiter` (True: its reservation kept for
@@ -188,6 +214,15 @@ class UpstreamGate:
         """Which part of the upstream holds back a call of `tokens` now; None: neither."""
         loop = asyncio.get_running_loop()
         return self.upstream.refusal(tokens, loop.time(), in_flight)
+
+    def late(self, queue: WaitQueue, active: int, limit: int) -> Refusal:
+        """How a timeout ends a wait in `queue` now (`active` of `limit` held): "budget" /
+        "saturated" while the slots are free for the waiter chosen next but the upstream
+        holds it back; else "timeout"."""
+        chosen = queue.choose()
+        if chosen is None or active + min(chosen.weight, limit) > limit:
+            return "timeout"
+        return self.refusal(queue.estimate(chosen.waiter), active) or "timeout"
 
     def _arm(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
         """One timer: armed for `due` unless one is armed sooner already."""

@@ -101,7 +101,7 @@ class WaitQueue:
         weight: int,
         flow: Hashable,
         due: float | None,
-        estimate: int | None = None,
+        estimate: int = 0,
     ) -> None:
         """Queue `waiter`, asking `weight` for `flow` (and `estimate` of the upstream, if
         `always_fair`), its timeout due at `due` (loop time)."""
@@ -120,7 +120,7 @@ class WaitQueue:
                     flows.push(earlier, 1, None)
         asks[waiter] = (weight, flow)
         flows.push(waiter, weight, flow)
-        if estimate is not None:
+        if self._always_fair:
             self._estimates[waiter] = estimate
 
     def remove(self, waiter: Waiter) -> bool:
