@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -188,7 +189,7 @@ class UpstreamGate:
     def take_in_full(self, tokens: int, in_flight: int) -> bool:
         """Take the upstream now for a caller that cannot settle (charged in full at once);
         False if it does not admit now."""
-        taken = self.upstream.take(tokens, asyncio.get_running_loop().time(), in_flight)
+        taken = self.upstream.take(tokens, _now(), in_flight)
         if isinstance(taken, UpstreamWait):
             return False
         self.upstream.charge_in_full(taken)
@@ -212,8 +213,7 @@ class UpstreamGate:
 
     def refusal(self, tokens: int, in_flight: int) -> UpstreamRefusal | None:
         """Which part of the upstream holds back a call of `tokens` now; None: neither."""
-        loop = asyncio.get_running_loop()
-        return self.upstream.refusal(tokens, loop.time(), in_flight)
+        return self.upstream.refusal(tokens, _now(), in_flight)
 
     def late(self, queue: WaitQueue, active: int, limit: int) -> Refusal:
         """How a timeout ends a wait in `queue` now (`active` of `limit` held): "budget" /
@@ -238,6 +238,15 @@ class UpstreamGate:
         retry = self._retry()
         if retry is not None:
             retry()
+
+
+def _now() -> float:
+    """The running loop's time; outside one (a try_acquire() from plain code), the monotonic
+    clock, which is asyncio's and uvloop's loop time."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
 
 
 def _listener(retry: weakref.WeakMethod[Callable[[], None]]) -> Callable[[], None]:
