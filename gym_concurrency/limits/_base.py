@@ -148,8 +148,7 @@ class LimitBase:
         return self._capped
 
     def _count_capped(self, asked: int, granted: int, what: str = "") -> None:
-        """A waiter that asked `asked` was admitted at `granted`, the limit's size now (or,
-        `what`, an estimate capped at a budget's minute): counted, the first one logged."""
+        """`asked` admitted at `granted` (the size now; `what`: a capped estimate): counted."""
         if not self._capped:
             warn_capped(self._describe(), asked, granted, what)
         self._capped += 1
@@ -306,13 +305,14 @@ class LimitBase:
         seconds (the sooner; None: what is left of the request's deadline, if one is being
         handled); raises TimeoutError (DeadlineExceededError when the deadline ended the
         wait, UpstreamCapacityError when the upstream did), QueueFullError,
-        LimitUnavailableError, or cancels (leaving the queue). With an upstream, `tokens`
-        (default: the weight) are reserved and charged in full at once: acquire() cannot
-        settle (`hold()` and `enqueue()` + `settle()` can)."""
+        LimitUnavailableError, or cancels (leaving the queue). An upstream's `tokens` (None:
+        the weight) are charged in full (`hold()`, `enqueue()` + `settle()` can settle)."""
         if deadline is not None:
             check_deadline(type(self).__name__, deadline)
         upstream = self._upstream
-        if upstream is not None:
+        if upstream is not None:  # charged in full: acquire() cannot settle
+            if tokens is None and self.try_acquire(weight, flow):
+                return True
             upstream.charge_in_full(await self._reserve(weight, flow, deadline, tokens))
             return True
         if tokens is not None:

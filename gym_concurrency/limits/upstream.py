@@ -66,19 +66,10 @@ class Upstream:
         self.budget = budget
         self.engine = engine
 
-    @property
-    def cap(self) -> int | None:
-        """The largest estimate the budget can ever hold (its smallest tokens-like minute);
-        None: no limit on an estimate."""
-        if self.budget is None:
-            return None
-        sizes = [size for name, size in self.budget.limits.items() if name != "requests"]
-        return min(sizes, default=None)
-
     def capped(self, tokens: int) -> int:
-        """`tokens`, or the cap if it is larger (an estimate no minute holds would wait
-        forever)."""
-        cap = self.cap
+        """`tokens`, or the most the budget can ever hold if it is less (an estimate no
+        minute holds would wait forever)."""
+        cap = None if self.budget is None else self.budget.largest_estimate
         return tokens if cap is None or tokens <= cap else cap
 
     def take(self, tokens: int, now: float, in_flight: int) -> Reservation | UpstreamWait | None:
@@ -208,8 +199,10 @@ class UpstreamGate:
     def too_late(self, tokens: int, timeout: float | None, deadline: float | None) -> bool:
         """True if the budget holds `tokens` only after `timeout` or `deadline` (seconds from
         now; None: unbounded), whichever is sooner: the wait could not end admitted."""
-        bounds = [b for b in (timeout, deadline) if b is not None]
-        return bool(bounds) and self.upstream.wait(tokens) > min(bounds)
+        if timeout is None and deadline is None:
+            return False
+        bound = min(b for b in (timeout, deadline) if b is not None)
+        return self.upstream.wait(tokens) > bound
 
     def refusal(self, tokens: int, in_flight: int) -> UpstreamRefusal | None:
         """Which part of the upstream holds back a call of `tokens` now; None: neither."""
