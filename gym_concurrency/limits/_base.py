@@ -133,13 +133,13 @@ class LimitBase:
         """Waits that ended while the engine signal did not admit (monotonic)."""
         return self._saturated
 
-    def _count_late(self, refusal: Refusal) -> None:
-        """Count a wait ended by `refusal`: a timeout ("deadline", "budget", "saturated" too)."""
-        self._timeouts += 1
-        if refusal == "budget":
-            self._over_budget += 1
-        elif refusal == "saturated":
-            self._saturated += 1
+    def _end_late(self, waiter: asyncio.Future[Admission], refusal: Refusal) -> None:
+        """End `waiter`'s wait with `refusal` (a timeout, counted as what it was) if it waits."""
+        if not waiter.done():
+            self._timeouts += 1
+            self._over_budget += refusal == "budget"
+            self._saturated += refusal == "saturated"
+            waiter.set_result(refusal)
 
     @property
     def admission_capped(self) -> int:

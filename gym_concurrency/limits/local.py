@@ -1,7 +1,6 @@
 """MeteredSemaphore: an asyncio.BoundedSemaphore that counts its state in plain integers, in
-units of weight, and serves flows fairly (see flows.py). Its waiters live in its WaitQueue
-(wait_queue.py), its upstream is asked through its UpstreamGate (upstream.py); what they hold,
-and how their waits ended, is counted here."""
+units of weight, and serves flows fairly (flows.py); its waiters live in its WaitQueue
+(wait_queue.py), its upstream behind its UpstreamGate (upstream.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from .backfill import check_backfill_seconds
 from .caps import CappedHolds
 from .deadlines import check_deadline
 from .flows import Ask, FlowStatistics, flow_statistics
-from .limit import Admission, Refusal
+from .limit import Admission
 from .rate_budget import RateBudget, Reservation
 from .upstream import UpstreamGate
 from .wait_queue import WaitQueue
@@ -160,9 +159,9 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     def try_acquire(
         self, weight: int = 1, flow: Hashable = None, *, tokens: int | None = None
     ) -> bool:
-        """Take `weight` if it is free and nobody waits (nor was handed weight and has yet to
-        resume), and the upstream admits `tokens` now (charged in full: nothing settles it),
-        without waiting; True if taken. ValueError if `weight` exceeds the limit."""
+        """Take `weight` (and `tokens` of the upstream, charged in full) at once if free and
+        nobody waits nor was handed weight yet to resume; True if taken. ValueError if
+        `weight` exceeds the limit."""
         if flow is not None or weight != 1:
             check_weight(type(self).__name__, self._describe, weight, self._limit)
         if self._active + weight > self._limit or self._waiting or self._handed:
@@ -179,12 +178,11 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     async def __aenter__(self) -> None:
         # `acquire()` with the defaults; try_acquire() inline: a call on the uncontended path
         # costs it 14% (docs/performance.md, issue 34).
-        if self._gate is None:
-            if self._active < self._limit and not self._waiting and not self._handed:
-                self._active += 1
-                return
-        else:  # the upstream's reservation is charged in full: nothing settles it here
+        if self._gate is not None:  # the upstream's reservation is charged in full
             await self.acquire()
+            return
+        if self._active < self._limit and not self._waiting and not self._handed:
+            self._active += 1
             return
         # wait_in_queue(), inline (one coroutine less): the contended path is the hot one too.
         deadline = None if request_deadline() is None else deadline_remaining()
@@ -267,9 +265,13 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
                 return waiter
         gate = self._gate
         estimate = weight if gate is None and tokens is None else self._estimate(weight, tokens)
-        if gate is not None and gate.too_late(estimate, self._timeout, deadline):
-            self._end_late(waiter, "budget")  # the budget holds it only too late
-            return waiter
+        if gate is not None:
+            free = self._active + weight <= self._limit and not (self._waiting or self._handed)
+            if free and gate.admit(waiter, estimate, self._active):  # at once, never queued
+                return self._grant(waiter, weight, flow)
+            if gate.too_late(estimate, self._timeout, deadline):
+                self._end_late(waiter, "budget")  # the budget holds it only too late
+                return waiter
         due = None
         if self._timeout is not None:
             due = loop.time() + self._timeout
@@ -285,9 +287,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
 
     def settle(self, waiter: Waiter) -> Reservation | None:
         """The task awaiting `waiter` resumed: weight handed to it is its own from now on (and
-        the reservation returned, None: none), and waiters that queued behind the hand-over get
-        the capacity still free (as asyncio.Semaphore's resumed task does). Called in that task,
-        not as a loop callback."""
+        the reservation returned, None: none); waiters queued behind the hand-over get the
+        capacity still free, as asyncio.Semaphore's. Called in that task, not as a callback."""
         handed = self._handed
         if handed:
             handed.pop(waiter, None)
@@ -345,13 +346,6 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             self._timer = loop.call_at(due, self._time_out)
         if held_for and self._waiting:
             self._admit_waiters()  # the capacity held for the one that timed out moves on
-
-    def _end_late(self, waiter: Waiter, refusal: Refusal) -> None:
-        """End `waiter`'s wait with `refusal`, counted as a timeout, unless it has ended (it
-        was cancelled with its task, which counts it when it leaves)."""
-        if not waiter.done():
-            self._count_late(refusal)
-            waiter.set_result(refusal)
 
     def _give_back(self, waiter: Waiter) -> None:
         weight, flow = self._handed.pop(waiter, None) or (1, None)
@@ -429,13 +423,18 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         gate = self._gate
         if gate is not None and not gate.admit(waiter, queue.estimate(waiter), self._active):
             return None
+        self._grant(waiter, weight, flow)
+        queue.admitted(waiter, weight)  # after the count: its flow is offered at it
+        return True
+
+    def _grant(self, waiter: Waiter, weight: int, flow: Hashable) -> Waiter:
+        """Hand `weight` of `flow` to `waiter`, not queued (any more): it is admitted."""
         if flow is not None:  # a flow's count first: see flow_statistics()
             self._take(flow, weight)
         self._active += weight
-        queue.admitted(waiter, weight)  # after the count: its flow is offered at it
-        self._handed[waiter] = (weight, flow)
+        self._handed[waiter] = (weight, flow)  # until its task resumes: settle() or leave()
         waiter.set_result("admitted")
-        return True
+        return waiter
 
     # --- weight accounting -----------------------------------------------------------
 
