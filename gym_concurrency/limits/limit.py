@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "REFUSALS",
+    "UPSTREAM_REFUSALS",
     "Admission",
     "DeadlineExceededError",
     "GlobalStatistics",
@@ -62,7 +63,11 @@ WaitOutcome = Literal[Admission, "cancelled"]
 """How a wait ended as its waiter saw it: an `Admission`, or it left (cancelled)."""
 LimitScope = Literal["process", "global"]
 
-REFUSALS: tuple[Refusal, ...] = get_args(Refusal)
+UPSTREAM_REFUSALS: tuple[Refusal, ...] = ("budget", "saturated")
+"""The refusals only a limit with an upstream (a rate budget, an engine signal) makes."""
+REFUSALS: tuple[Refusal, ...] = tuple(r for r in get_args(Refusal) if r not in UPSTREAM_REFUSALS)
+"""The refusals any limit makes (a route prepares an answer for each); a limit with an
+upstream makes UPSTREAM_REFUSALS too."""
 
 
 class DeadlineExceededError(TimeoutError):
