@@ -244,15 +244,16 @@ class LimitBase:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        # asyncio's shape ("... object at 0x... [unlocked, value:1]"), named, sized, held.
+        # asyncio's shape ("... object at 0x... [unlocked, value:1]"), named, sized, held;
+        # never raising: the status view logs a limit whose state cannot be read.
         name = f" {self._component}/{self._limit_name}" if self._limit_name else ""
-        state = "locked" if self.locked() else f"unlocked, value:{self.available}"
-        if self.queue_depth:
-            state += f", waiters:{self.queue_depth}"
-        return (
-            f"<{type(self).__name__}{name} object at {id(self):#x} limit={self.limit} "
-            f"active={self.active} [{state}]>"
-        )
+        head = f"<{type(self).__name__}{name} object at {id(self):#x}"
+        try:
+            state = "locked" if self.locked() else f"unlocked, value:{self.available}"
+            state += f", waiters:{self.queue_depth}" if self.queue_depth else ""
+            return f"{head} limit={self.limit} active={self.active} [{state}]>"
+        except Exception:
+            return f"{head} [unreadable]>"
 
     def _forget(self, waiter: asyncio.Future[Admission]) -> bool:
         """Take `waiter` out of the queue if it is still there (True), undoing what it queues."""
@@ -327,8 +328,7 @@ class LimitBase:
 
     def hold(self, weight: int = 1, flow: Hashable = None, *, tokens: int | None = None) -> Hold:
         """`async with limit.hold(weight, flow, tokens=) as held:` acquires on enter, releases
-        on exit; `held` (a Held) settles the reservation taken with the slots, else the exit
-        charges it in full."""
+        on exit; `held.settle(usage)` closes its reservation, else the exit charges it."""
         return Hold(self, weight, flow, tokens)
 
     async def __aenter__(self) -> None:
