@@ -5,7 +5,8 @@ its exception, and argument checks.
 A kind of limit subclasses `LimitBase`, hands it the AdmissionCounts it counts in, and
 provides the slots (`limit`, `active`, `available`, `queue_depth`, `try_acquire`, `enqueue`,
 `release`, `resize`) plus `_forget(waiter)`, which takes a waiter still queued out of its
-queue.
+queue. A kind that takes an upstream (`budget=`, `engine=`: upstream.py) provides
+`_reserve()` too.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Hashable
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from ..deadline import deadline_remaining
 from .admission_counts import AdmissionCounts
+from .asks import check_tokens
 from .deadlines import check_deadline
 from .flows import FlowStatistics
 from .limit import (
@@ -31,6 +33,11 @@ from .limit import (
     wait_in_queue,
 )
 from .registry import register
+from .upstream import Upstream
+
+if TYPE_CHECKING:
+    from ..engines.signal import EngineSignal
+    from .rate_budget import RateBudget, Reservation
 
 __all__ = ["LimitBase", "check_count", "check_seconds"]
 
@@ -50,11 +57,14 @@ class LimitBase:
         timeout: float | None,
         max_queue: int | None,
         counts: AdmissionCounts,
+        budget: RateBudget | None = None,
+        engine: EngineSignal | None = None,
     ) -> None:
         owner = type(self).__name__
         check_seconds(owner, "timeout", timeout, optional=True)
         if max_queue is not None:
             check_count(owner, "max_queue", max_queue)
+        self._upstream = None if budget is None and engine is None else Upstream(budget, engine)
         self._component = component
         self._limit_name = limit_name
         self._server = server
@@ -112,10 +122,55 @@ class LimitBase:
         return self._counts.shed
 
     @property
+    def admission_budget(self) -> int:
+        """Waits refused because the rate budget could not hold them in time (monotonic)."""
+        return self._counts.over_budget
+
+    @property
+    def admission_saturated(self) -> int:
+        """Waits that ended while the engine signal did not admit (monotonic)."""
+        return self._counts.saturated
+
+    def _end_late(self, waiter: asyncio.Future[Admission], refusal: Refusal) -> None:
+        """End `waiter`'s wait with `refusal` (a timeout, counted as what it was) if it waits."""
+        if not waiter.done():  # else it was cancelled with its task, counted when it leaves
+            self._counts.timed_out(refusal)
+            waiter.set_result(refusal)
+
+    @property
     def admission_capped(self) -> int:
         """Waiters admitted at less weight than they asked for: heavier than the size the
         limit shrank to under them, they took all of it (monotonic)."""
         return self._counts.capped
+
+    def _count_capped(self, asked: int, granted: int, what: str = "") -> None:
+        """`asked` admitted at `granted` (the size now; `what`: a capped estimate): counted."""
+        self._counts.cap(self._describe(), asked, granted, what)
+
+    @property
+    def upstream(self) -> Upstream | None:
+        """The rate budget and engine signal asked with the slots; None: neither."""
+        return self._upstream
+
+    @property
+    def budget(self) -> RateBudget | None:
+        """The rate budget each admission reserves from, if any."""
+        return None if self._upstream is None else self._upstream.budget
+
+    @property
+    def engine(self) -> EngineSignal | None:
+        """The engine signal each admission asks, if any."""
+        return None if self._upstream is None else self._upstream.engine
+
+    def _estimate(self, weight: int, tokens: int | None) -> int:
+        """What an ask reserves of the upstream: `tokens` (checked), else the weight; capped
+        at the budget's minute (counted in `admission_capped`: no waiter waits forever)."""
+        asked = weight if tokens is None else check_tokens(type(self).__name__, tokens)
+        upstream = self._upstream
+        capped = asked if upstream is None else upstream.capped(asked)
+        if capped < asked:
+            self._count_capped(asked, capped, "an estimate of tokens")
+        return capped
 
     @property
     def scope(self) -> LimitScope:
@@ -136,8 +191,8 @@ class LimitBase:
 
     @property
     def available(self) -> int:
-        """Slots free now; 0 while a shrunk limit drains."""
-        raise NotImplementedError
+        """Slots free now: `limit - active`, or 0 while a shrunk limit drains."""
+        return max(0, self.limit - self.active)
 
     @property
     def queue_depth(self) -> int:
@@ -178,13 +233,31 @@ class LimitBase:
         """Change the number of slots; held slots are never revoked."""
         raise NotImplementedError
 
+    def locked(self) -> bool:
+        """True if `acquire()` would wait (or fail) rather than take a slot at once."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        # asyncio's shape ("... object at 0x... [unlocked, value:1]"), named, sized, held;
+        # never raising: the status view logs a limit whose state cannot be read.
+        name = f" {self._component}/{self._limit_name}" if self._limit_name else ""
+        head = f"<{type(self).__name__}{name} object at {id(self):#x}"
+        try:
+            state = "locked" if self.locked() else f"unlocked, value:{self.available}"
+            state += f", waiters:{self.queue_depth}" if self.queue_depth else ""
+            return f"{head} limit={self.limit} active={self.active} [{state}]>"
+        except Exception:
+            return f"{head} [unreadable]>"
+
     def _forget(self, waiter: asyncio.Future[Admission]) -> bool:
         """Take `waiter` out of the queue if it is still there (True), undoing what it queues."""
         raise NotImplementedError
 
-    def settle(self, waiter: asyncio.Future[Admission]) -> None:
+    def settle(self, waiter: asyncio.Future[Admission]) -> Reservation | None:
         """The task awaiting `waiter` resumed with its wait ended; a kind that holds slots
-        back for waiters not yet resumed (MeteredSemaphore) ends that hand-over here."""
+        back for waiters not yet resumed (MeteredSemaphore) ends that hand-over here, and
+        hands over the reservation taken with them (None: none)."""
+        return None
 
     def _queue_full(self) -> str:
         """What a QueueFullError says after the limit's name."""
@@ -203,6 +276,8 @@ class LimitBase:
             admission_shed=counts.shed,
             queued_weight=self.queued_weight,
             flows=self.waiting_flows,
+            admission_budget=counts.over_budget,
+            admission_saturated=counts.saturated,
         )
 
     def _describe(self) -> str:
@@ -215,14 +290,29 @@ class LimitBase:
     # --- admission -------------------------------------------------------------------
 
     async def acquire(
-        self, weight: int = 1, flow: Hashable = None, *, deadline: float | None = None
+        self,
+        weight: int = 1,
+        flow: Hashable = None,
+        *,
+        deadline: float | None = None,
+        tokens: int | None = None,
     ) -> Literal[True]:
         """Take `weight` for `flow`, waiting in fair order at most `timeout` or `deadline`
         seconds (the sooner; None: what is left of the request's deadline, if one is being
         handled); raises TimeoutError (DeadlineExceededError when the deadline ended the
-        wait), QueueFullError, LimitUnavailableError, or cancels (leaving the queue)."""
+        wait, UpstreamCapacityError when the upstream did), QueueFullError,
+        LimitUnavailableError, or cancels (leaving the queue). An upstream's `tokens` (None:
+        the weight) are charged in full (`hold()`, `enqueue()` + `settle()` can settle)."""
         if deadline is not None:
             check_deadline(type(self).__name__, deadline)
+        upstream = self._upstream
+        if upstream is not None:  # charged in full: acquire() cannot settle
+            if tokens is None and self.try_acquire(weight, flow):
+                return True
+            upstream.charge_in_full(await self._reserve(weight, flow, deadline, tokens))
+            return True
+        if tokens is not None:
+            check_tokens(type(self).__name__, tokens)
         if not self.try_acquire(weight, flow):
             if deadline is None:  # what is left of the request's, if one is being handled
                 deadline = deadline_remaining()
@@ -231,9 +321,10 @@ class LimitBase:
                 raise self._refused(admission, deadline)
         return True
 
-    def hold(self, weight: int = 1, flow: Hashable = None) -> Hold:
-        """`async with limit.hold(weight, flow):` acquires on enter, releases on exit."""
-        return Hold(self, weight, flow)
+    def hold(self, weight: int = 1, flow: Hashable = None, *, tokens: int | None = None) -> Hold:
+        """`async with limit.hold(weight, flow, tokens=) as held:` acquires on enter, releases
+        on exit; `held.settle(usage)` closes its reservation, else the exit charges it."""
+        return Hold(self, weight, flow, tokens)
 
     async def __aenter__(self) -> None:
         # acquire() without a second coroutine (asyncio's mixin awaits self.acquire()).
@@ -248,6 +339,9 @@ class LimitBase:
 
     def _refused(self, refusal: Refusal, deadline: float | None = None) -> Exception:
         """The exception `acquire()` raises for `refusal` (`deadline`: the waiter's own)."""
+        upstream = self._upstream
+        if upstream is not None and (refusal == "budget" or refusal == "saturated"):
+            return upstream.refused(self._describe(), refusal, 1)
         if refusal == "deadline":
             return DeadlineExceededError(
                 f"{self._describe()}: no slot within the deadline, {deadline} s"
@@ -281,6 +375,36 @@ class LimitBase:
         if not waiter.done():
             waiter.set_result("unavailable")
         return True
+
+    async def _reserve(
+        self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
+    ) -> Reservation | None:
+        """`acquire()`, returning the reservation taken with the slots for the caller to close
+        (None: no upstream): with an upstream, through `_enqueue_tokens` and `settle`."""
+        if self._upstream is None:
+            await self.acquire(weight, flow, deadline=deadline, tokens=tokens)
+            return None
+        if deadline is None:  # what is left of the request's, if one is being handled
+            deadline = deadline_remaining()
+        waiter = self._enqueue_tokens(weight, flow, deadline, tokens)
+        try:
+            admission = await waiter
+        except asyncio.CancelledError:
+            self.leave(waiter)
+            raise
+        reservation = self.settle(waiter)
+        if admission == "budget" or admission == "saturated":
+            estimate = weight if tokens is None else tokens
+            raise self._upstream.refused(self._describe(), admission, estimate)
+        if admission != "admitted":
+            raise self._refused(admission, deadline)
+        return reservation
+
+    def _enqueue_tokens(
+        self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
+    ) -> asyncio.Future[Admission]:
+        """`enqueue(weight, flow, deadline, tokens=tokens)`, of a kind that takes an upstream."""
+        raise TypeError(f"{self._describe()} takes no budget or engine")
 
     def _give_back(self, waiter: asyncio.Future[Admission]) -> None:
         """Release what was handed to `waiter`, whose task left before it resumed."""

@@ -28,6 +28,7 @@ class Meter(Protocol):
     def refund(self, amount: int, charged_at: float) -> None: ...
     def remaining_at(self, now: float) -> int: ...
     def fits_at(self, amount: int, now: float) -> float: ...
+    def resize(self, limit: int, now: float) -> None: ...
 
 
 class ProviderWord:
@@ -57,6 +58,11 @@ class MeteredBudget:
         self.reserved = 0
         self.refunded_total = 0
         self.word: ProviderWord | None = None
+
+    def resize(self, limit: int, now: float) -> None:
+        """A minute holds `limit` from `now` on."""
+        self.limit = limit
+        self.meter.resize(limit, now)
 
     def word_at(self, now: float) -> ProviderWord | None:
         """The provider's word in force at `now` (one past its reset is dropped)."""

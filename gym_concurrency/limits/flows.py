@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from .limit import Admission
 
-__all__ = ["Ask", "FlowQueues", "FlowStatistics", "Waiting"]
+__all__ = ["Ask", "FlowQueues", "FlowStatistics", "Waiting", "flow_statistics"]
 
 Waiter = asyncio.Future[Admission]
 Ask = tuple[int, Hashable]
@@ -42,6 +42,23 @@ class FlowStatistics:
     held: int
     queue_depth: int
     queued_weight: int
+
+
+def flow_statistics(
+    active: int, held: dict[Hashable, int], waiting: dict[Hashable, tuple[int, int]]
+) -> list[FlowStatistics]:
+    """Every flow of a limit that holds weight or waits: `active` (all the weight held),
+    `held` (by each named flow: the default flow None holds the rest) and `waiting` ((waiters,
+    queued weight) by flow). The loop raises a named flow's count before `active` and lowers
+    `active` first: read from an exporter's thread, the smaller of two reads of `active` (one
+    before the counts are copied, one after) can only under-count the default flow, never show
+    weight it does not hold."""
+    default = max(0, active - sum(held.values()))
+    flows = dict(held)
+    if default:
+        flows[None] = default
+    every = set(flows) | set(waiting)
+    return [FlowStatistics(f, flows.get(f, 0), *waiting.get(f, (0, 0))) for f in every]
 
 
 class _Flow:

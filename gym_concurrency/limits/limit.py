@@ -9,10 +9,13 @@ waiting flow that holds the least weight (FIFO within a flow); see flows.py.
 Admission without raising: `try_acquire()` takes a free slot at once; otherwise `enqueue()`
 returns a future that ends with an `Admission`: "admitted" (the slot is held), or a `Refusal`:
 "timeout" (the limit's own timeout), "deadline" (the waiter's own deadline passed, or cannot be
-met), "shed" (the queue was full; the future is then done already) or "unavailable" (a shared
-limit could not be reached). The task that awaited the future calls `settle(waiter)`
-once it resumes and keeps what it got, or, if it gives up (its client left, its task was
-cancelled), `leave(waiter)`, which also passes on a slot handed to it in that same moment.
+met), "shed" (the queue was full; the future is then done already), "unavailable" (a shared
+limit could not be reached), or, on a limit with an upstream (a rate budget, an engine signal:
+upstream.py), "budget" / "saturated" (the upstream could not take it in time). The task that
+awaited the future calls `settle(waiter)` once it resumes and keeps what it got (`settle`
+returns the budget's Reservation taken with the slots, to close from the call's usage), or, if
+it gives up (its client left, its task was cancelled), `leave(waiter)`, which also passes on a
+slot handed to it in that same moment (and cancels its reservation).
 `wait_in_queue()` does both; every caller of `enqueue()` ends its wait one of these two ways.
 State is read as one frozen `statistics()` value, as anyio's CapacityLimiter answers.
 """
@@ -25,13 +28,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, get_args
 
 if TYPE_CHECKING:
+    from ..usage import Usage
     from .flows import FlowStatistics
+    from .rate_budget import Reservation
+    from .upstream import Upstream
 
 __all__ = [
     "REFUSALS",
+    "UPSTREAM_REFUSALS",
     "Admission",
     "DeadlineExceededError",
     "GlobalStatistics",
+    "Held",
     "Hold",
     "Limit",
     "LimitConfigurationError",
@@ -40,26 +48,47 @@ __all__ = [
     "LimitUnavailableError",
     "QueueFullError",
     "Refusal",
+    "UpstreamCapacityError",
     "WaitOutcome",
     "wait_in_queue",
 ]
 
-Refusal = Literal["timeout", "deadline", "shed", "unavailable"]
+Refusal = Literal["timeout", "deadline", "shed", "unavailable", "budget", "saturated"]
 """How an admission fails: no slot within the limit's timeout, nor (or never) within the
-waiter's own deadline, a full queue, an unreachable store."""
+waiter's own deadline, a full queue, an unreachable store, a rate budget that could not (or
+never in time) hold it, an engine that stayed saturated."""
 Admission = Literal["admitted", Refusal]
 """How a wait in a limit's queue ends."""
 WaitOutcome = Literal[Admission, "cancelled"]
 """How a wait ended as its waiter saw it: an `Admission`, or it left (cancelled)."""
 LimitScope = Literal["process", "global"]
 
-REFUSALS: tuple[Refusal, ...] = get_args(Refusal)
+UPSTREAM_REFUSALS: tuple[Refusal, ...] = ("budget", "saturated")
+"""The refusals only a limit with an upstream (a rate budget, an engine signal) makes."""
+REFUSALS: tuple[Refusal, ...] = tuple(r for r in get_args(Refusal) if r not in UPSTREAM_REFUSALS)
+"""The refusals any limit makes (a route prepares an answer for each); a limit with an
+upstream makes UPSTREAM_REFUSALS too."""
 
 
 class DeadlineExceededError(TimeoutError):
     """Raised by a limit's `acquire()` when the waiter's own deadline (`deadline=`, or what is
     left of the request's) passed before a slot was free, or cannot be met at the rate the
     limit hands slots out; a TimeoutError, counted as the limit's timeout."""
+
+
+class UpstreamCapacityError(TimeoutError):
+    """Raised by a limit's `acquire()` when its upstream kept it out: `reason` "budget" (the
+    rate budget could not hold the estimate in time, or never within the waiter's timeout or
+    deadline) or "saturated" (the engine signal did not admit); `retry_after`: seconds until
+    the budget would hold it (None: not known). A TimeoutError, counted as the limit's
+    timeout and in `admission_budget` / `admission_saturated`."""
+
+    def __init__(
+        self, message: str, reason: Literal["budget", "saturated"], retry_after: float | None
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after = retry_after
 
 
 class QueueFullError(Exception):
@@ -106,6 +135,8 @@ class LimitStatistics:
     admission_unavailable: int | None = None  # global limits only
     admission_lease_lost: int | None = None  # global limits only
     shared: GlobalStatistics | None = None  # global limits only
+    admission_budget: int = 0  # refused "budget" (also in admission_timeouts)
+    admission_saturated: int = 0  # refused "saturated" (also in admission_timeouts)
 
 
 class Limit(Protocol):
@@ -158,9 +189,10 @@ class Limit(Protocol):
         """Every flow that holds weight or waits now (the default flow is None)."""
         ...
 
-    def settle(self, waiter: asyncio.Future[Admission]) -> None:
+    def settle(self, waiter: asyncio.Future[Admission]) -> Reservation | None:
         """The task awaiting `waiter` resumed and keeps what the wait ended with: a slot
-        handed to it is its own from now on."""
+        handed to it is its own from now on, and so is the budget's reservation returned
+        (None: none), for it to settle, charge in full or cancel."""
         ...
 
     def leave(self, waiter: asyncio.Future[Admission], *, cancelled: bool = True) -> None:
@@ -181,15 +213,22 @@ class Limit(Protocol):
         ...
 
     async def acquire(
-        self, weight: int = 1, flow: Hashable = None, *, deadline: float | None = None
+        self,
+        weight: int = 1,
+        flow: Hashable = None,
+        *,
+        deadline: float | None = None,
+        tokens: int | None = None,
     ) -> Literal[True]:
-        """Take `weight` for `flow`, waiting in fair order at most `timeout` or `deadline`
-        seconds (the sooner); TimeoutError (DeadlineExceededError for the deadline) /
+        """Take `weight` for `flow` (and `tokens` of its upstream, charged in full), waiting in
+        fair order at most `timeout` or `deadline` seconds (the sooner); TimeoutError
+        (DeadlineExceededError for the deadline, UpstreamCapacityError for the upstream) /
         QueueFullError / LimitUnavailableError, or cancellation (leaving the queue)."""
         ...
 
-    def hold(self, weight: int = 1, flow: Hashable = None) -> Hold:
-        """`async with limit.hold(weight, flow):` acquires on enter, releases on exit."""
+    def hold(self, weight: int = 1, flow: Hashable = None, *, tokens: int | None = None) -> Hold:
+        """`async with limit.hold(weight, flow, tokens=) as held:` acquires on enter (`held`:
+        its reservation, to settle), releases on exit."""
         ...
 
     async def __aenter__(self) -> None:
@@ -201,21 +240,72 @@ class Limit(Protocol):
         ...
 
 
+class Reserving(Protocol):
+    """What `Hold` asks of a limit (LimitBase provides it)."""
+
+    @property
+    def upstream(self) -> Upstream | None: ...
+    async def _reserve(
+        self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
+    ) -> Reservation | None: ...
+    def release(self, weight: int = 1, flow: Hashable = None) -> None: ...
+
+
+class Held:
+    """What `async with limit.hold(...) as held:` holds besides slots: the rate budget's
+    `reservation` taken with them (None: the limit has no budget). `settle(usage)` closes it
+    from what the call used, `cancel()` for a call never sent; left open, the exit charges it
+    in full (the call may have cost all of it)."""
+
+    __slots__ = ("_upstream", "reservation")
+
+    def __init__(self, reservation: Reservation | None, upstream: Upstream | None) -> None:
+        self.reservation = reservation
+        self._upstream = upstream
+
+    def settle(self, usage: Usage | int) -> None:
+        """Charge what the call used (a Usage, or a total of tokens): the rest is refunded."""
+        if self.reservation is not None and self._upstream and self._upstream.budget:
+            self._upstream.budget.settle(self.reservation, usage)
+
+    def cancel(self) -> None:
+        """The call was never sent: the whole reservation, its request too, comes back."""
+        if self.reservation is not None and self._upstream and self._upstream.budget:
+            self._upstream.budget.cancel(self.reservation)
+
+    def close(self) -> None:
+        """Charge the reservation in full unless it was settled or cancelled."""
+        if self.reservation is not None and self.reservation.open and self._upstream:
+            self._upstream.charge_in_full(self.reservation)
+
+
 class Hold:
-    """`limit.hold(weight, flow)`: acquire on enter, release the same on exit."""
+    """`limit.hold(weight, flow, tokens=)`: acquire on enter, release the same on exit."""
 
-    __slots__ = ("_flow", "_limit", "_weight")
+    __slots__ = ("_flow", "_held", "_limit", "_tokens", "_weight")
 
-    def __init__(self, limit: Limit, weight: int, flow: Hashable) -> None:
+    def __init__(
+        self, limit: Reserving, weight: int, flow: Hashable, tokens: int | None = None
+    ) -> None:
         self._limit = limit
         self._weight = weight
         self._flow = flow
+        self._tokens = tokens
+        self._held: Held | None = None
 
-    async def __aenter__(self) -> None:
-        await self._limit.acquire(self._weight, self._flow)
+    async def __aenter__(self) -> Held:
+        limit = self._limit
+        reservation = await limit._reserve(self._weight, self._flow, None, self._tokens)
+        self._held = Held(reservation, limit.upstream)
+        return self._held
 
     async def __aexit__(self, *exc: object) -> None:
-        self._limit.release(self._weight, self._flow)
+        try:
+            if self._held is not None:
+                self._held.close()
+        finally:
+            self._held = None
+            self._limit.release(self._weight, self._flow)
 
 
 async def wait_in_queue(

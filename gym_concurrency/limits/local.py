@@ -1,22 +1,25 @@
 """MeteredSemaphore: an asyncio.BoundedSemaphore that counts its state in plain integers, in
-units of weight, and serves flows fairly (see flows.py). Its waiters live in its WaitQueue
-(wait_queue.py); what they hold, and how their waits ended, is counted here."""
+units of weight, and serves flows fairly (flows.py); its waiters live in its WaitQueue
+(wait_queue.py), its upstream behind its UpstreamGate (upstream.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Hashable
-from typing import Literal
 
 from ..deadline import deadline_remaining, request_deadline
+from ..engines.signal import EngineSignal
 from ._base import LimitBase, check_count
 from .admission_counts import AdmissionCounts
+from .asks import check_weight, not_held
 from .backfill import check_backfill_seconds
 from .caps import CappedHolds
 from .deadlines import check_deadline
-from .flows import Ask, FlowStatistics
+from .flows import Ask, FlowStatistics, flow_statistics
 from .limit import Admission
+from .rate_budget import RateBudget, Reservation
+from .upstream import UpstreamGate
 from .wait_queue import WaitQueue
 
 __all__ = ["MeteredSemaphore"]
@@ -35,7 +38,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     inside `acquire()` (expiry raises TimeoutError); `max_queue` bounds the waiters (a full
     queue raises QueueFullError at once); `backfill_seconds` (default 0: never) lets lighter
     waiters that fit pass the waiter chosen next for at most that long (backfill.py). Acquire
-    and release make no telemetry call: the observer reads these integers at export.
+    and release make no telemetry call: the observer reads these integers at export. A
+    `budget` (RateBudget) and an `engine` (EngineSignal) are asked with the slots (upstream.py).
 
     An asyncio.BoundedSemaphore by type and behaviour, not by state: asyncio's `_value` and
     `_waiters` are never made; of its methods only `_get_loop` (unused) and `_wake_up_next`
@@ -54,6 +58,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         timeout: float | None = None,
         max_queue: int | None = None,
         backfill_seconds: float = 0.0,
+        budget: RateBudget | None = None,
+        engine: EngineSignal | None = None,
     ) -> None:
         owner = type(self).__name__
         check_count(owner, "value", value)
@@ -66,6 +72,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             timeout=timeout,
             max_queue=max_queue,
             counts=AdmissionCounts(),  # this semaphore counts every way a wait ends
+            budget=budget,
+            engine=engine,
         )
         self._limit = value
         self._active = 0  # weight held, including weight handed to a waiter not yet resumed
@@ -74,13 +82,13 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         self._held: dict[Hashable, int] = {}
         self._held_by_flows = 0  # the sum of `_held`
         # Waiters handed weight whose tasks have not resumed yet (`settle()` or `leave()` ends
-        # each hand-over), with what they were handed (None: weight 1 of the default flow).
-        # Until they have, no later acquire takes weight at once, as in asyncio.Semaphore: a
-        # task that releases and re-acquires runs after the waiters it handed slots to.
+        # each hand-over), with what they were handed (None: weight 1 of the default flow). No
+        # later acquire takes weight at once until they have, as in asyncio.Semaphore.
         self._handed: dict[Waiter, Ask | None] = {}
         self._caps = CappedHolds()  # holders admitted at a shrunk limit's size, below their ask
         self._backfilled = 0
-        self._queue = WaitQueue(self._held_by, backfill_seconds)
+        self._gate = UpstreamGate.of(self._upstream, self._admit_waiters)
+        self._queue = WaitQueue(self._held_by, backfill_seconds, always_fair=self._gate is not None)
         # The queue's waiters in arrival order, read (never written) here: on the hot paths an
         # attribute of the queue costs the uncontended `async with` about 2% more instructions.
         self._waiting = self._queue.waiters
@@ -99,11 +107,6 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     def active(self) -> int:
         """Weight held now."""
         return self._active
-
-    @property
-    def available(self) -> int:
-        """Weight free now: `limit - active`, or 0 while a shrunk limit drains."""
-        return max(0, self._limit - self._active)
 
     @property
     def queue_depth(self) -> int:
@@ -131,41 +134,21 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         return self._backfilled
 
     def handover_wait(self) -> float | None:
-        """Seconds until the weight queued now, and one more, would be handed out at the
-        measured hand-over rate; None before waiters with deadlines have measured one."""
+        """Seconds the measured hand-over rate takes to hand out what is queued and one more
+        (None: not measured yet: no waiters with deadlines so far)."""
         return self._queue.handover_wait()
 
     def flow_statistics(self) -> list[FlowStatistics]:
         """Every flow that holds weight or waits now (the default flow is None); read at
-        export, from the exporter's thread too (each dict is copied at once)."""
-        # The default flow's weight is `_active` less the named flows'. The loop raises a named
-        # flow's count before `_active` and lowers `_active` first; read on either side of the
-        # counts, the smaller `_active` can only under-count the default flow (another thread
-        # reading mid-change), never show weight it does not hold.
-        before = self._active
-        held = dict(self._held)
-        default = max(0, min(before, self._active) - sum(held.values()))
-        waiting = self._queue.waiting()
-        if default:
-            held[None] = default
-        flows = set(held) | set(waiting)
-        return [FlowStatistics(f, held.get(f, 0), *waiting.get(f, (0, 0))) for f in flows]
+        export, from the exporter's thread too (copied at once; `_active` read twice: flows.py)."""
+        before, held = self._active, dict(self._held)
+        return flow_statistics(min(before, self._active), held, self._queue.waiting())
 
     def locked(self) -> bool:
         """True if `acquire()` would wait (or fail) rather than take a slot at once."""
-        return self._active >= self._limit or bool(self._waiting) or bool(self._handed)
-
-    def __repr__(self) -> str:
-        # asyncio's own shape ("... object at 0x... [unlocked, value:1]"), with the limit's
-        # name, size and holders before the brackets.
-        name = f" {self._component}/{self._limit_name}" if self._limit_name else ""
-        state = "locked" if self.locked() else f"unlocked, value:{self.available}"
-        if self._waiting:
-            state += f", waiters:{len(self._waiting)}"
-        return (
-            f"<{type(self).__name__}{name} object at {id(self):#x} limit={self._limit} "
-            f"active={self._active} [{state}]>"
-        )
+        if self._active >= self._limit or self._waiting or self._handed:
+            return True
+        return self._gate is not None and self._gate.refusal(1, self._active) is not None
 
     def _held_by(self, flow: Hashable) -> int:
         """The weight `flow` holds now."""
@@ -175,12 +158,19 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
 
     # --- acquire / release -----------------------------------------------------------
 
-    def try_acquire(self, weight: int = 1, flow: Hashable = None) -> bool:
-        """Take `weight` if it is free and nobody waits (nor was handed weight and has yet to
-        resume), without waiting; True if taken. ValueError if `weight` exceeds the limit."""
+    def try_acquire(
+        self, weight: int = 1, flow: Hashable = None, *, tokens: int | None = None
+    ) -> bool:
+        """Take `weight` (and `tokens` of the upstream, charged in full) at once if free and
+        nobody waits nor was handed weight yet to resume; True if taken. ValueError if
+        `weight` exceeds the limit."""
         if flow is not None or weight != 1:
-            self._check_weight(weight)
+            check_weight(type(self).__name__, self._describe, weight, self._limit)
         if self._active + weight > self._limit or self._waiting or self._handed:
+            return False
+        gate = self._gate
+        estimate = weight if gate is None and tokens is None else self._estimate(weight, tokens)
+        if gate is not None and not gate.take_in_full(estimate, self._active):
             return False
         if flow is not None:  # a flow's count first: see flow_statistics()
             self._take(flow, weight)
@@ -188,8 +178,11 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         return True
 
     async def __aenter__(self) -> None:
-        # `acquire()` with the defaults. try_acquire(), inline: the uncontended `async with`
-        # is the hot path, and a call there costs it 14% (docs/performance.md, issue 34).
+        # `acquire()` with the defaults; try_acquire() inline: a call on the uncontended path
+        # costs it 14% (docs/performance.md, issue 34).
+        if self._gate is not None:  # the upstream's reservation is charged in full
+            await self.acquire()
+            return
         if self._active < self._limit and not self._waiting and not self._handed:
             self._active += 1
             return
@@ -209,7 +202,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     async def __aexit__(self, *exc: object) -> None:
         # release() with the defaults, inline (as try_acquire() in __aenter__).
         if self._active <= self._held_by_flows:
-            raise self._not_held(1, None)
+            raise not_held(self._describe(), 1, None, 0)
         self._active -= 1
         if self._waiting:
             queue = self._queue
@@ -222,13 +215,13 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         any. ValueError if that flow holds less."""
         if weight == 1 and flow is None:  # the default, kept as cheap as it always was
             if self._active <= self._held_by_flows:
-                raise self._not_held(weight, flow)
+                raise not_held(self._describe(), weight, flow, self._held_by(flow))
         else:
-            self._check_weight(weight, limit=False)
+            check_weight(type(self).__name__, self._describe, weight, None)
             if self._caps:  # it may have been granted less than it asked (and releases)
                 weight = self._caps.release(flow, weight)
             if self._held_by(flow) < weight:
-                raise self._not_held(weight, flow)
+                raise not_held(self._describe(), weight, flow, self._held_by(flow))
             if flow is not None:  # `_active` first: see flow_statistics()
                 self._active -= weight
                 self._take(flow, -weight)
@@ -241,16 +234,21 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             self._admit_waiters()
 
     def enqueue(
-        self, weight: int = 1, flow: Hashable = None, deadline: float | None = None
+        self,
+        weight: int = 1,
+        flow: Hashable = None,
+        deadline: float | None = None,
+        *,
+        tokens: int | None = None,
     ) -> Waiter:
         """Join the queue (call after `try_acquire()` failed): the future ends "admitted" (the
         weight is held), "timeout" (the limit's timeout) or "deadline" (the waiter's own
         `deadline`, in seconds from now, when sooner), or is done already: "shed" if
         `max_queue` tasks wait, "deadline" if the deadline is past or the measured hand-over
-        rate says it cannot be met. ValueError if `weight` exceeds the limit; nothing else
-        raises."""
+        rate says it cannot be met; upstream.py says how `tokens` end it. ValueError for a
+        weight over the limit or bad `tokens`; nothing else raises."""
         if weight != 1:
-            self._check_weight(weight)
+            check_weight(type(self).__name__, self._describe, weight, self._limit)
         loop = asyncio.get_running_loop()
         waiter: Waiter = loop.create_future()
         queue = self._queue
@@ -267,12 +265,21 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             if deadline is None:  # it cannot be met
                 self._end_late(waiter, "deadline")  # counted as a timeout, its own refusal
                 return waiter
+        gate = self._gate
+        estimate = weight if gate is None and tokens is None else self._estimate(weight, tokens)
+        if gate is not None:
+            free = self._active + weight <= self._limit and not (self._waiting or self._handed)
+            if free and gate.admit(waiter, estimate, self._active):  # at once, never queued
+                return self._grant(waiter, weight, flow)
+            if gate.too_late(estimate, self._timeout, deadline):
+                self._end_late(waiter, "budget")  # the budget holds it only too late
+                return waiter
         due = None
         if self._timeout is not None:
             due = loop.time() + self._timeout
             if self._timer is None:
                 self._timer = loop.call_at(due, self._time_out)
-        queue.add(waiter, weight, flow, due)
+        queue.add(waiter, weight, flow, due, estimate)
         if deadline is not None and (self._timeout is None or deadline < self._timeout):
             queue.arm(waiter, deadline, self._deadline_passed)
         choosing = queue.fair and (not queue.holding or queue.backfill_seconds)
@@ -280,15 +287,16 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             self._admit_fairly()  # it does not fit: it is chosen, and capacity held for it
         return waiter
 
-    def settle(self, waiter: Waiter) -> None:
-        """The task awaiting `waiter` resumed: weight handed to it is its own from now on, and
-        waiters that queued behind the hand-over get the capacity still free (as
-        asyncio.Semaphore's resumed task does). Called in that task, not as a loop callback."""
+    def settle(self, waiter: Waiter) -> Reservation | None:
+        """The task awaiting `waiter` resumed: weight handed to it is its own from now on (and
+        the reservation returned, None: none); waiters queued behind the hand-over get the
+        capacity still free, as asyncio.Semaphore's. Called in that task, not as a callback."""
         handed = self._handed
         if handed:
             handed.pop(waiter, None)
             if self._waiting:
                 self._admit_waiters()
+        return None if self._gate is None else self._gate.claim(waiter)
 
     def refuse(self, waiter: Waiter) -> bool:
         """End a queued `waiter`'s wait with "unavailable" (shutting down; uncounted): True if
@@ -301,9 +309,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         return True
 
     def resize(self, limit: int) -> None:
-        """Set the capacity: growing admits waiters at once; shrinking never revokes held
-        weight (`active` may exceed `limit` until releases drain it), and a waiter heavier
-        than the new size is admitted at it once it frees (see `_admit_fairly`). 0 pauses."""
+        """Set the capacity: growing admits waiters at once; shrinking revokes nothing held
+        (`active` may exceed `limit` for a while); a heavier waiter is capped at it. 0 pauses."""
         check_count(type(self).__name__, "value", limit)
         self._limit = limit
         self._admit_waiters()
@@ -320,10 +327,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     def _deadline_passed(self, waiter: Waiter) -> None:
         """`waiter`'s own deadline passed (its timer): its wait ends "deadline" if it waits."""
         if waiter in self._waiting:
-            held_for = self._queue.remove(waiter)
             self._end_late(waiter, "deadline")
-            if held_for and self._waiting:
-                self._admit_waiters()  # the capacity held for it moves on
+            self._forget(waiter)  # the capacity held for it moves on
 
     def _time_out(self) -> None:
         """The limit's timer: every waiter whose timeout has passed (the oldest ones) ends
@@ -333,25 +338,27 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         queue = self._queue
         held_for = False
         now = loop.time() + _CLOCK_RESOLUTION  # as the loop itself decides a timer is due
+        gate = self._gate  # "budget" / "saturated" while it holds back the one chosen next
+        refusal = "timeout" if gate is None else gate.late(queue, self._active, self._limit)
         for waiter in queue.due(now):
             held_for |= queue.remove(waiter)
-            self._end_late(waiter, "timeout")
+            self._end_late(waiter, refusal)
         due = queue.next_due()
         if due is not None:
             self._timer = loop.call_at(due, self._time_out)
         if held_for and self._waiting:
             self._admit_waiters()  # the capacity held for the one that timed out moves on
 
-    def _end_late(self, waiter: Waiter, refusal: Literal["timeout", "deadline"]) -> None:
-        """End `waiter`'s wait with `refusal`, counted as a timeout, unless it has ended (it
-        was cancelled with its task, which counts it when it leaves)."""
-        if not waiter.done():
-            self._counts.timed_out()
-            waiter.set_result(refusal)
-
     def _give_back(self, waiter: Waiter) -> None:
         weight, flow = self._handed.pop(waiter, None) or (1, None)
+        if self._gate is not None:  # its call is never sent
+            self._gate.cancel(waiter)
         self.release(weight, flow)
+
+    def _enqueue_tokens(
+        self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
+    ) -> Waiter:
+        return self.enqueue(weight, flow, deadline, tokens=tokens)
 
     # --- admission -------------------------------------------------------------------
 
@@ -383,10 +390,12 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             # Heavier than a limit shrunk under it, it is capped at the size (>= 1 here: a
             # limit of 0 admits nobody): else it could never fit, nor be passed.
             weight = min(chosen.weight, self._limit)
-            if self._active + weight > self._limit:  # freed capacity is held for it
-                self._backfill(queue.hold(chosen))
+            fits = self._active + weight <= self._limit
+            handed = self._hand(chosen.waiter, weight, chosen.flow) if fits else None
+            if handed is None:  # it does not fit, or the upstream cannot take it yet:
+                self._backfill(queue.hold(chosen))  # freed capacity is held for it
                 return
-            if self._hand(chosen.waiter, weight, chosen.flow) and weight < chosen.weight:
+            if handed and weight < chosen.weight:
                 self._handed[chosen.waiter] = (chosen.weight, chosen.flow)  # what it releases
                 self._caps.add(chosen.flow, chosen.weight, weight)
                 self._counts.cap(self._describe(), chosen.weight, weight)
@@ -402,8 +411,9 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
                 if self._active >= self._limit:
                     return
 
-    def _hand(self, waiter: Waiter, weight: int, flow: Hashable) -> bool:
-        """Admit the queued `waiter` (True), unless it left or its own deadline passed."""
+    def _hand(self, waiter: Waiter, weight: int, flow: Hashable) -> bool | None:
+        """Admit the queued `waiter` (True), unless it left or its own deadline passed (False)
+        or the upstream cannot take it now (None)."""
         queue = self._queue
         if waiter.done():  # cancelled with its task, which counts it when it leaves
             queue.remove(waiter)
@@ -412,13 +422,21 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             queue.remove(waiter)
             self._end_late(waiter, "deadline")
             return False
+        gate = self._gate
+        if gate is not None and not gate.admit(waiter, queue.estimate(waiter), self._active):
+            return None
+        self._grant(waiter, weight, flow)
+        queue.admitted(waiter, weight)  # after the count: its flow is offered at it
+        return True
+
+    def _grant(self, waiter: Waiter, weight: int, flow: Hashable) -> Waiter:
+        """Hand `weight` of `flow` to `waiter`, not queued (any more): it is admitted."""
         if flow is not None:  # a flow's count first: see flow_statistics()
             self._take(flow, weight)
         self._active += weight
-        queue.admitted(waiter, weight)  # after the count: its flow is offered at it
-        self._handed[waiter] = (weight, flow)
+        self._handed[waiter] = (weight, flow)  # until its task resumes: settle() or leave()
         waiter.set_result("admitted")
-        return True
+        return waiter
 
     # --- weight accounting -----------------------------------------------------------
 
@@ -430,19 +448,3 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         else:
             del self._held[flow]
         self._held_by_flows += weight
-
-    def _check_weight(self, weight: int, *, limit: bool = True) -> None:
-        check_count(type(self).__name__, "weight", weight, minimum=1)
-        if limit and weight > self._limit and weight != 1:  # 1 waits on a limit of 0, as ever
-            raise ValueError(
-                f"{self._describe()}: weight {weight} is more than the limit {self._limit}; "
-                "it could never be admitted"
-            )
-
-    def _not_held(self, weight: int, flow: Hashable) -> ValueError:
-        held = self._held_by(flow)
-        if flow is None and weight == 1 and held <= 0:
-            return ValueError(f"{self._describe()} released with no slot held")
-        return ValueError(
-            f"{self._describe()} released weight {weight} for flow {flow!r}, which holds {held}"
-        )

@@ -24,6 +24,8 @@ how the minute is metered (docs/rate-budgets.md compares them):
   Until then admission uses the smaller of this budget's own remaining and the reported one
   less what was reserved since the report; it never loosens past the configured budget. A
   report observed earlier than the one in force is ignored (the freshest reading wins).
+- `wait_for(tokens)` reads, without charging, the seconds until `reserve` would take it;
+  `resize(budget, per_minute)` changes one budget's size (a settings reload).
 - `statistics()` reads every budget at once as one frozen value, as anyio's CapacityLimiter
   answers.
 
@@ -124,7 +126,7 @@ class Reservation:
 class RateBudget:
     """Per-minute budgets of tokens and requests (see the module's docstring)."""
 
-    __slots__ = ("_budgets", "_by_name", "_clock", "_epoch", "_now", "shape")
+    __slots__ = ("_budgets", "_by_name", "_cap", "_clock", "_epoch", "_now", "shape")
 
     def __init__(
         self,
@@ -156,6 +158,7 @@ class RateBudget:
             )
         self.shape = shape
         self._by_name = {b.name: b for b in self._budgets}
+        self._cap = self._largest_estimate()
         self._clock = clock
         self._epoch = 0  # one more at every provider report
         self._now = -math.inf  # the latest time seen: the clock never goes back here
@@ -164,6 +167,15 @@ class RateBudget:
     def limits(self) -> dict[BudgetName, int]:
         """Each configured budget's size a minute."""
         return {b.name: b.limit for b in self._budgets}
+
+    @property
+    def largest_estimate(self) -> int | None:
+        """The most tokens one reservation can ever take (its smallest budget of tokens: a
+        larger estimate raises); None with a budget of requests only."""
+        return self._cap
+
+    def _largest_estimate(self) -> int | None:
+        return min((b.limit for b in self._budgets if b.name != "requests"), default=None)
 
     def reserve(
         self, tokens: int, *, input_tokens: int | None = None, output_tokens: int | None = None
@@ -189,6 +201,24 @@ class RateBudget:
                 word.spent += amount
         return Reservation(self, asked, now, self._epoch)
 
+    def wait_for(
+        self, tokens: int, *, input_tokens: int | None = None, output_tokens: int | None = None
+    ) -> float:
+        """Seconds until `reserve` with the same estimate would succeed (0.0: now), charging
+        nothing: a Retry-After. The same ValueError as `reserve` for a bad estimate."""
+        asked = self._asked(tokens, input_tokens, output_tokens)
+        now = self._advance()
+        return max((budget.wait(amount, now) for budget, amount in asked if amount), default=0.0)
+
+    def resize(self, budget: BudgetName, per_minute: int) -> None:
+        """Make `budget` (configured) `per_minute` a minute from now on; what was charged stays
+        charged. ValueError for a budget not configured or a size that is not an int >= 1."""
+        target = self._by_name.get(budget)
+        if target is None:
+            raise ValueError(f"this RateBudget has no {budget} budget to resize")
+        target.resize(_size(budget, per_minute), self._advance())
+        self._cap = self._largest_estimate()
+
     def settle(self, reservation: Reservation, usage: Usage | int) -> None:
         """Close `reservation` with what the call used: a `Usage`, or a total of tokens (then
         the input and output budgets keep their estimates). Less than reserved is refunded,
@@ -205,8 +235,11 @@ class RateBudget:
         self._close(reservation, lambda budget, estimate: actual.get(budget.name, estimate))
 
     def charge_in_full(self, reservation: Reservation) -> None:
-        """Close `reservation` as a call that ended without usage: its estimates stand."""
-        self._close(reservation, lambda _budget, estimate: estimate)
+        """Close `reservation` as a call that ended without usage: its estimates stand (so
+        nothing is metered anew: only what is reserved goes down)."""
+        self._closing(reservation)
+        for budget, estimate in reservation.estimates:
+            budget.reserved -= estimate
 
     def cancel(self, reservation: Reservation) -> None:
         """Close `reservation` as a call never sent: every estimate and its request return."""
@@ -260,11 +293,14 @@ class RateBudget:
         self, tokens: int, input_tokens: int | None, output_tokens: int | None
     ) -> tuple[tuple[MeteredBudget, int], ...]:
         tokens = _count("tokens", tokens)
-        given = {"input_tokens": input_tokens, "output_tokens": output_tokens}
-        split: dict[str, int] = {"tokens": tokens, "requests": 1}
-        for name, value in given.items():
-            split[name] = tokens if value is None else _count(name, value)
-        asked = tuple((b, split[b.name]) for b in self._budgets)
+        if input_tokens is None and output_tokens is None:  # the whole estimate to each
+            asked = tuple([(b, 1 if b.name == "requests" else tokens) for b in self._budgets])
+        else:
+            given = {"input_tokens": input_tokens, "output_tokens": output_tokens}
+            split: dict[str, int] = {"tokens": tokens, "requests": 1}
+            for name, value in given.items():
+                split[name] = tokens if value is None else _count(name, value)
+            asked = tuple([(b, split[b.name]) for b in self._budgets])
         for budget, amount in asked:
             if amount > budget.limit:
                 raise ValueError(
@@ -274,12 +310,15 @@ class RateBudget:
                 )
         return asked
 
-    def _close(self, reservation: Reservation, used: Callable[[MeteredBudget, int], int]) -> None:
+    def _closing(self, reservation: Reservation) -> None:
         if reservation._owner is not self:
             raise ValueError(f"{reservation!r} was not made by this RateBudget")
         if reservation._done:
             raise ValueError(f"{reservation!r} is already closed")
         reservation._done = True
+
+    def _close(self, reservation: Reservation, used: Callable[[MeteredBudget, int], int]) -> None:
+        self._closing(reservation)
         now = self._advance()
         for budget, estimate in reservation.estimates:
             actual = min(used(budget, estimate), budget.limit)

@@ -75,6 +75,10 @@ class RateWindow:
         self._newest = slot
         self._next_start = slot_start(slot + 1)
 
+    def resize(self, limit: int, now: float) -> None:
+        """Admit up to `limit` a minute from now on; the charges counted stay counted."""
+        self.limit = limit
+
     def charge(self, amount: int) -> None:
         """Charge `amount` in the current slot (after `advance()`)."""
         if self._newest is None:

@@ -43,6 +43,14 @@ class TokenBucket:
             self._level = self._level_at(now)
             self._at = now
 
+    def resize(self, limit: int, now: float) -> None:
+        """Hold up to `limit`, refilled at `limit` a minute, from `now` (after `advance(now)`):
+        the level is kept (never above the new size)."""
+        self.limit = limit
+        self._rate = limit / REFILL_SECONDS
+        self._slack = limit * _TOLERANCE
+        self._level = min(float(limit), self._level)
+
     def charge(self, amount: int) -> None:
         self._level -= amount
 

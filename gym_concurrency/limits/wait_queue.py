@@ -30,21 +30,35 @@ class WaitQueue:
     calls `touched(flow)` whenever that changes for a flow that may be waiting. Two plain
     attributes are read on the semaphore's hot paths and written only here: `waiters` (arrival
     order: waiter -> when its timeout is due, loop time, None without one; never rebound, so
-    the semaphore may keep a reference to it) and `fair`.
+    the semaphore may keep a reference to it) and `fair`. `always_fair` (a limit with an
+    upstream: each waiter asks its own estimate of it) keeps every waiter queued by flow.
     """
 
-    __slots__ = ("_asks", "_backfill", "_deadlines", "_flows", "_next", "fair", "waiters")
+    __slots__ = (
+        "_always_fair",
+        "_asks",
+        "_backfill",
+        "_deadlines",
+        "_estimates",
+        "_flows",
+        "_next",
+        "fair",
+        "waiters",
+    )
 
-    def __init__(self, held: Callable[[Hashable], int], backfill_seconds: float) -> None:
+    def __init__(
+        self, held: Callable[[Hashable], int], backfill_seconds: float, always_fair: bool = False
+    ) -> None:
         # O(1) removal from the middle. Every waiter has the same timeout, so the due times
         # are in queue order too: the semaphore's one timer, for the oldest, serves them all.
         self.waiters: OrderedDict[Waiter, float | None] = OrderedDict()
         # While a waiter asks for a weight other than 1 or a flow other than None, every waiter
         # is also queued by flow (`fair`) and the next one is chosen fairly; with the queue
         # empty again, plain FIFO resumes.
-        self.fair = False
+        self._always_fair = self.fair = always_fair
         self._flows = FlowQueues(held)
         self._asks: dict[Waiter, Ask] = {}  # the ask of each waiter queued by flow
+        self._estimates: dict[Waiter, int] = {}  # what each asks of the upstream, if it has one
         self._next: Waiting | None = None  # chosen, capacity held for it until it fits
         self._backfill = Backfill(backfill_seconds) if backfill_seconds else None
         self._deadlines: OwnDeadlines | None = None  # made when a waiter first brings one
@@ -81,8 +95,16 @@ class WaitQueue:
 
     # --- joining and leaving ---------------------------------------------------------
 
-    def add(self, waiter: Waiter, weight: int, flow: Hashable, due: float | None) -> None:
-        """Queue `waiter`, asking `weight` for `flow`, its timeout due at `due` (loop time)."""
+    def add(
+        self,
+        waiter: Waiter,
+        weight: int,
+        flow: Hashable,
+        due: float | None,
+        estimate: int = 0,
+    ) -> None:
+        """Queue `waiter`, asking `weight` for `flow` (and `estimate` of the upstream, if
+        `always_fair`), its timeout due at `due` (loop time)."""
         waiters = self.waiters
         waiters[waiter] = due
         if self._deadlines is not None and len(waiters) == 1:
@@ -98,6 +120,8 @@ class WaitQueue:
                     flows.push(earlier, 1, None)
         asks[waiter] = (weight, flow)
         flows.push(waiter, weight, flow)
+        if self._always_fair:
+            self._estimates[waiter] = estimate
 
     def remove(self, waiter: Waiter) -> bool:
         """Take the queued `waiter` out of every queue it is in; True if it was the one chosen
@@ -110,9 +134,11 @@ class WaitQueue:
             return False
         _, flow = self._asks.pop(waiter)
         self._flows.remove(waiter, flow)
+        if self._always_fair:
+            self._estimates.pop(waiter, None)
         if not self.waiters:
             self._flows.clear()
-            self.fair = False
+            self.fair = self._always_fair
         chosen = self._next is not None and self._next.waiter is waiter
         if chosen:
             self._next = None
@@ -143,6 +169,10 @@ class WaitQueue:
                 deadlines.handed(1)
             return waiter, late
         return None
+
+    def estimate(self, waiter: Waiter) -> int:
+        """What the queued `waiter` asks of the upstream (`always_fair`; else 0)."""
+        return self._estimates.get(waiter, 0)
 
     def choose(self) -> Waiting | None:
         """`fair`: the waiter admitted next, still queued (the one capacity is held for, else

@@ -1,0 +1,134 @@
+"""What a rate budget adds to a MeteredSemaphore's admission, as ratios in the same run.
+
+Run `python -m benchmarks.budget_cost` from the project root (`--quick` for a smoke pass,
+`--json PATH` for the raw figures). Each benchmark times the same admission on a limit
+without a budget (the baseline), with a budget of tokens and requests a minute too large to
+ever refuse (so every admission reserves and closes a reservation, and none waits for the
+budget), and, where the caller settles, through `hold()` with a usage:
+
+- uncontended: `async with sem: pass` in one task, every acquire finds a free slot;
+- contended: 64 tasks on 8 slots, the body awaits once (core.py's 1b).
+
+The design's goal is a budgeted admission within 1.3x the same admission without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the project root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._timing import Case, Settings, compare, markdown_table, now_ns
+from benchmarks.core import machine
+from gym_concurrency import MeteredSemaphore
+from gym_concurrency.limits.rate_budget import RateBudget
+
+LARGE = 10**15  # a minute's budget no benchmark spends
+
+
+def budget() -> RateBudget:
+    return RateBudget(tokens_per_minute=LARGE, requests_per_minute=LARGE)
+
+
+def uncontended(make: Callable[[], MeteredSemaphore]) -> Callable[[int], Awaitable[int]]:
+    """n `async with sem: pass` in one task."""
+
+    async def run(n: int) -> int:
+        sem = make()
+        started = now_ns()
+        for _ in range(n):
+            async with sem:
+                pass
+        return now_ns() - started
+
+    return run
+
+
+def uncontended_settled(make: Callable[[], MeteredSemaphore]) -> Callable[[int], Awaitable[int]]:
+    """n `async with sem.hold(tokens=500) as held: held.settle(300)` in one task."""
+
+    async def run(n: int) -> int:
+        sem = make()
+        started = now_ns()
+        for _ in range(n):
+            async with sem.hold(tokens=500) as held:
+                held.settle(300)
+        return now_ns() - started
+
+    return run
+
+
+def contended(
+    make: Callable[[], MeteredSemaphore], tasks: int = 64
+) -> Callable[[int], Awaitable[int]]:
+    """`tasks` tasks share n `async with sem: await asyncio.sleep(0)` (8 slots)."""
+
+    async def run(n: int) -> int:
+        sem = make()
+
+        async def worker(count: int) -> None:
+            for _ in range(count):
+                async with sem:
+                    await asyncio.sleep(0)
+
+        share, extra = divmod(n, tasks)
+        workers = [asyncio.ensure_future(worker(share + (i < extra))) for i in range(tasks)]
+        started = now_ns()
+        await asyncio.gather(*workers)
+        return now_ns() - started
+
+    return run
+
+
+BENCHMARKS = {
+    "uncontended": (
+        "Uncontended `async with`, one slot: with a budget vs without",
+        lambda: [
+            Case("without a budget", uncontended(lambda: MeteredSemaphore(1))),
+            Case("with a budget", uncontended(lambda: MeteredSemaphore(1, budget=budget()))),
+            Case(
+                "with a budget, hold() + settle",
+                uncontended_settled(lambda: MeteredSemaphore(1, budget=budget())),
+            ),
+        ],
+    ),
+    "contended": (
+        "Contended: 64 tasks on 8 slots, body awaits once: with a budget vs without",
+        lambda: [
+            Case("without a budget", contended(lambda: MeteredSemaphore(8))),
+            Case("with a budget", contended(lambda: MeteredSemaphore(8, budget=budget()))),
+        ],
+    ),
+}
+TARGET = 1.3
+
+
+async def main(argv: list[str] | None = None) -> int:
+    """Print one Markdown table a benchmark; the ratios against the 1.3x goal."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="few short rounds (smoke test)")
+    parser.add_argument("--rounds", type=int, help="rounds per comparison")
+    parser.add_argument("--json", type=Path, help="write the raw figures here")
+    args = parser.parse_args(argv)
+    settings = Settings.quick() if args.quick else Settings()
+    if args.rounds:
+        settings = Settings(rounds=args.rounds, min_round_ns=settings.min_round_ns)
+    print(f"<!-- {machine()}; rounds={settings.rounds} -->\n", flush=True)
+    raw = []
+    for title, cases in BENCHMARKS.values():
+        comparison = await compare(title, cases(), settings, unit="acquire")
+        print(markdown_table(comparison, {"with a budget": TARGET}), "\n", flush=True)
+        raw.append(comparison.to_json())
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine(), "results": raw}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
