@@ -36,6 +36,7 @@ from .clients import LimitedClient
 from .credential_flows import CredentialFlows
 from .failures import RouteFailures
 from .settings import ClientLimit, ConcurrencySettings, OperationLimit, RouteLimit
+from .upstream import check_upstream_reload, resize_budgets, upstream_keywords
 
 __all__ = ["LIMITS_SCOPE_KEY", "ConcurrencyLimits", "LimitPlan", "LimitedOperation", "LimitedRoute"]
 
@@ -75,6 +76,7 @@ class LimitedRoute:
     failures: RouteFailures
     feedback: RouteFeedback | None = None
     ask: RouteAsk | None = None  # None: every request asks for weight 1 in the default flow
+    upstream: bool = False  # its limit also asks a rate budget or an engine signal
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,8 @@ class LimitPlan:
         """Make the limit what `config` says; what changed, one line each."""
         before = self.limit.limit
         how = self._move()
+        if self.previous is not None:  # budgets too are resized; said as field changes
+            resize_budgets(self.limit, self.previous, self.config)
         if self.previous is None:
             return [f"{self.kind} limit {self.name!r} added: {self.limit.limit}{how}"]
         lines = []
@@ -289,7 +293,8 @@ class ConcurrencyLimits:
             else None,
         )
         ask = route_ask(config, plan.limit, self._credentials)
-        return LimitedRoute(config, plan.limit, by_outcome, failures, feedback, ask)
+        upstream = config.has_upstream
+        return LimitedRoute(config, plan.limit, by_outcome, failures, feedback, ask, upstream)
 
     def _route_plan(self, index: int, config: RouteLimit) -> LimitPlan:
         """The plan for a route limit_name: its limit (kept from `previous` if it had it),
@@ -343,6 +348,7 @@ class ConcurrencyLimits:
                 timeout=timeout,
                 max_queue=max_queue,
                 backfill_seconds=config.backfill_seconds,
+                **upstream_keywords(config),
             )
         assert settings.redis_url is not None  # checked by the settings
         local = settings.redis_unavailable == "local"
@@ -361,6 +367,7 @@ class ConcurrencyLimits:
             local_max_concurrent=(config.local_max_concurrent or config.max_concurrent)
             if local
             else None,
+            **upstream_keywords(config),
         )
 
 
@@ -413,6 +420,7 @@ def _check_unchanged(
     new: RouteLimit | OperationLimit | ClientLimit,
     fixed: tuple[str, ...],
 ) -> None:
+    check_upstream_reload(where, old, new)  # budgets on / off, the engine
     for field, before, _ in _changed_fields(old, new):
         if field in fixed:
             raise ValueError(
