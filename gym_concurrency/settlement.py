@@ -16,8 +16,9 @@ inline.
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
-from .limits.rate_budget import RateBudget, Reservation
+from .upstream_view import UpstreamBudget
 from .usage import MAX_EVENT_BYTES, StreamedUsage, Usage, usage_from_json
 
 __all__ = ["Settlement"]
@@ -28,9 +29,11 @@ class Settlement:
 
     __slots__ = ("_body", "_budget", "_inflate", "_over", "_reservation", "_stream")
 
-    def __init__(self, budget: RateBudget, reservation: Reservation) -> None:
+    def __init__(self, budget: UpstreamBudget, reservation: Any) -> None:
+        """`reservation`: what `budget` handed the admission (a Reservation, or a shared
+        limit's), open."""
         self._budget = budget
-        self._reservation: Reservation | None = reservation
+        self._reservation: Any = reservation
         self._stream: StreamedUsage | None = None
         self._body = bytearray()
         self._over = False  # the body is longer than a usage is read from (or unreadable)
@@ -109,7 +112,7 @@ class Settlement:
             return None
         return usage_from_json(bytes(self._body))
 
-    def _take(self) -> Reservation | None:
+    def _take(self) -> Any:
         reservation, self._reservation = self._reservation, None
         self._body = bytearray()
         if reservation is None or not reservation.open:  # closed elsewhere (e.g. a leave)

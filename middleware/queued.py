@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gym_concurrency.limits import Admission, Refusal, WaitOutcome
 from gym_concurrency.limits.rate_budget import Reservation
 from gym_concurrency.settlement import Settlement
+from gym_concurrency.upstream_view import budget_of
 
 from .body import QueuedBodies, QueuedRequest, QueuedWebsocket
 from .cascade import CascadeWarning
@@ -191,7 +192,7 @@ class QueuedAdmission:
         reservation: Reservation | None,
     ) -> None:
         try:
-            budget = route.limit.budget if reservation is not None else None
+            budget = budget_of(route.limit) if reservation is not None else None
             if budget is None or reservation is None:
                 await app(scope, queued.receive, send)
             else:

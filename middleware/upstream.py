@@ -8,9 +8,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gym_concurrency.limits import Limit
+from gym_concurrency.limits import Limit, MeteredSemaphore
+from gym_concurrency.upstream_view import budget_wait
 
+from .settings import ClientLimit, OperationLimit, RouteLimit
 from .settings.upstream import BUDGET_FIELDS, UpstreamFields
+
+_Config = RouteLimit | OperationLimit | ClientLimit
 
 __all__ = ["budget_retry_after", "check_upstream_reload", "resize_budgets", "upstream_keywords"]
 
@@ -26,10 +30,16 @@ def upstream_keywords(config: UpstreamFields) -> dict[str, Any]:
     return keywords
 
 
-def check_upstream_reload(where: str, old: UpstreamFields, new: UpstreamFields) -> None:
+def check_upstream_reload(where: str, old: _Config, new: _Config) -> None:
     """ValueError naming the field if a reload would switch a budget on or off, change how
-    budgets are metered, or change the engine signal of a running limit."""
+    budgets are metered, resize a global limit's budget (kept in Redis with the sizes every
+    process made it with), or change the engine signal of a running limit."""
     before, after = old.budget_sizes(), new.budget_sizes()
+    if old.scope == "global" and before != after:
+        raise ValueError(
+            f"{where}: limit {old.limit_name!r} is global: its budgets are shared in Redis at "
+            f"the sizes every process made it with ({before}); restart to change them"
+        )
     for name, field in BUDGET_FIELDS.items():
         if (name in before) != (name in after):
             raise ValueError(
@@ -50,8 +60,8 @@ def check_upstream_reload(where: str, old: UpstreamFields, new: UpstreamFields) 
 
 
 def resize_budgets(limit: Limit, old: UpstreamFields, new: UpstreamFields) -> None:
-    """Give the running budget of `limit` the sizes `new` says (a reload)."""
-    budget = limit.budget
+    """Give the running budget of a process limit the sizes `new` says (a reload)."""
+    budget = limit.budget if isinstance(limit, MeteredSemaphore) else None
     if budget is None:
         return
     before = old.budget_sizes()
@@ -64,8 +74,5 @@ def budget_retry_after(limit: Limit, tokens: int) -> int | None:
     """Whole seconds (at least 1) until `limit`'s budget would hold an estimate of `tokens`
     again (capped as admission caps it), rounded up: the Retry-After of a refusal for the
     budget. None without a budget."""
-    upstream = limit.upstream
-    if upstream is None or upstream.budget is None:
-        return None
-    seconds = upstream.wait(tokens)
-    return max(1, math.ceil(seconds)) if math.isfinite(seconds) else None
+    seconds = budget_wait(limit, tokens)
+    return None if seconds is None else max(1, math.ceil(seconds))

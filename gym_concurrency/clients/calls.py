@@ -34,6 +34,7 @@ from opentelemetry.metrics import MeterProvider
 from ..deadline import deadline_remaining
 from ..limits import Limit
 from ..limits.adaptive import AdaptiveController
+from ..upstream_view import has_upstream
 from .adaptive import AdaptiveConfig, adaptive_limiter
 from .budget import RetryBudget
 from .deadline_header import check_deadline_header, milliseconds_left
@@ -216,7 +217,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
         its slot until its body is read in full or it is closed."""
         subject = self._exchange.subject(request)
         weight, flow = self.ask.of(subject)
-        tokens = None if self.limit.upstream is None else self.ask.tokens_of(subject, weight)
+        tokens = self.ask.tokens_of(subject, weight) if has_upstream(self.limit) else None
         policy = self.retry
         deadline = CallDeadline.of(None if policy is None else policy.deadline_seconds)
         if self._budget is not None:

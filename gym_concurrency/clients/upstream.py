@@ -10,6 +10,7 @@ from collections.abc import Hashable, Mapping
 
 from ..limits import Limit
 from ..settlement import Settlement
+from ..upstream_view import budget_of
 from .provider_headers import provider_readings, report_readings
 
 __all__ = ["report_headers", "take"]
@@ -20,7 +21,7 @@ async def take(limit: Limit, weight: int, flow: Hashable, tokens: int) -> Settle
     `acquire()` does: UpstreamCapacityError when the upstream kept it out); the settlement of
     the reservation taken (None: the limit has no budget). Cancelled, nothing is held."""
     held = await limit.hold(weight, flow, tokens=tokens).__aenter__()  # released by the Slot
-    budget = limit.budget
+    budget = budget_of(limit)
     if held.reservation is None or budget is None:
         return None
     return Settlement(budget, held.reservation)
@@ -29,7 +30,7 @@ async def take(limit: Limit, weight: int, flow: Hashable, tokens: int) -> Settle
 def report_headers(limit: Limit, headers: Mapping[str, str]) -> None:
     """Tell `limit`'s budget what the provider's rate-limit headers say remains (nothing
     without a budget or such headers); its clock is the loop's."""
-    budget = limit.budget
+    budget = budget_of(limit)
     if budget is None:
         return
     readings = provider_readings(headers)
