@@ -95,11 +95,14 @@ class UpstreamFields(NumbersAreNumbers):
 
     def budget(self) -> RateBudget | None:
         """The RateBudget these settings describe, or None without a budget."""
-        sizes = self.budget_sizes()
-        if not sizes:
+        if not self.budget_sizes():
             return None
         return RateBudget(
-            **{BUDGET_FIELDS[name]: size for name, size in sizes.items()}, shape=self.budget_shape
+            tokens_per_minute=self.tokens_per_minute,
+            requests_per_minute=self.requests_per_minute,
+            input_tokens_per_minute=self.input_tokens_per_minute,
+            output_tokens_per_minute=self.output_tokens_per_minute,
+            shape=self.budget_shape,
         )
 
     @property
