@@ -31,14 +31,14 @@ Guard = Callable[
 AttributesOf = Callable[[Limit], dict[str, str]]
 
 
-class _Budget(NamedTuple):
+class _BudgetInstrument(NamedTuple):
     name: str
     monotonic: bool
     read: Callable[[BudgetStatistics], int | None]
     description: str
 
 
-class _Engine(NamedTuple):
+class _EngineInstrument(NamedTuple):
     name: str
     read: Callable[[EngineStatistics], float | None]
     unit: str
@@ -46,31 +46,31 @@ class _Engine(NamedTuple):
 
 
 _BUDGET_INSTRUMENTS = (
-    _Budget(
+    _BudgetInstrument(
         names.BUDGET_LIMIT_INSTRUMENT,
         False,
         lambda b: b.limit,
         "What a limit's rate budget allows a minute (tokens or requests).",
     ),
-    _Budget(
+    _BudgetInstrument(
         names.BUDGET_REMAINING_INSTRUMENT,
         False,
         lambda b: b.remaining,
         "What admission may take of a rate budget now (the provider's word where smaller).",
     ),
-    _Budget(
+    _BudgetInstrument(
         names.BUDGET_RESERVED_INSTRUMENT,
         False,
         lambda b: b.reserved,
         "Estimates of calls admitted and not yet settled from their usage.",
     ),
-    _Budget(
+    _BudgetInstrument(
         names.BUDGET_REFUNDED_INSTRUMENT,
         True,
         lambda b: b.refunded_total,
         "Estimates given back: what calls reserved and did not use, and calls never sent.",
     ),
-    _Budget(
+    _BudgetInstrument(
         names.UPSTREAM_REPORTED_REMAINING_INSTRUMENT,
         False,
         lambda b: b.reported_remaining,
@@ -79,19 +79,19 @@ _BUDGET_INSTRUMENTS = (
 )
 
 _ENGINE_INSTRUMENTS = (
-    _Engine(
+    _EngineInstrument(
         names.ENGINE_WAITING_INSTRUMENT,
         lambda e: e.waiting,
         names.REQUEST_UNIT,
         "Requests waiting in the engine a limit follows, at its last scrape.",
     ),
-    _Engine(
+    _EngineInstrument(
         names.ENGINE_CACHE_USAGE_INSTRUMENT,
         lambda e: e.cache_usage,
         names.RATIO_UNIT,
         "KV-cache usage (1 is full) of the engine a limit follows, at its last scrape.",
     ),
-    _Engine(
+    _EngineInstrument(
         names.ENGINE_SIGNAL_AGE_INSTRUMENT,
         lambda e: e.signal_age_seconds,
         names.SECONDS_UNIT,
@@ -118,15 +118,14 @@ def create_upstream_instruments(
         )
     for engine in _ENGINE_INSTRUMENTS:
         callback = guard(engine.name, partial(_engine_points, engine, attributes_of))
+        gauge = meter.create_observable_gauge  # a reading, not a sum
         made.append(
-            meter.create_observable_gauge(
-                engine.name, [callback], unit=engine.unit, description=engine.description
-            )
+            gauge(engine.name, [callback], unit=engine.unit, description=engine.description)
         )
     return made
 
 
-def _budget_points(spec: _Budget, attributes_of: AttributesOf) -> list[Observation]:
+def _budget_points(spec: _BudgetInstrument, attributes_of: AttributesOf) -> list[Observation]:
     totals: dict[tuple[tuple[str, str], ...], int] = {}
     for limit in registered_limits():
         statistics, _ = upstream_statistics(limit)
@@ -141,7 +140,7 @@ def _budget_points(spec: _Budget, attributes_of: AttributesOf) -> list[Observati
     return [Observation(value, dict(key)) for key, value in totals.items()]
 
 
-def _engine_points(spec: _Engine, attributes_of: AttributesOf) -> list[Observation]:
+def _engine_points(spec: _EngineInstrument, attributes_of: AttributesOf) -> list[Observation]:
     freshest: dict[tuple[tuple[str, str], ...], tuple[float, float]] = {}
     for limit in registered_limits():
         _, engine = upstream_statistics(limit)

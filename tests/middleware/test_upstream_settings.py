@@ -6,7 +6,6 @@ one, or touches an engine signal."""
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import pytest
@@ -19,6 +18,8 @@ from gym_concurrency.middleware import (
 )
 from gym_concurrency.middleware.limits import ConcurrencyLimits
 from pydantic import ValidationError
+
+from tests.upstream_core import with_core
 
 ENGINE = {"url": "http://127.0.0.1:9/metrics", "waiting_max": 4}
 ROUTE = {"path": "/v1/chat/completions", "limit_name": "chat", "max_concurrent": 4}
@@ -83,13 +84,6 @@ def test_budgets_and_an_engine_are_read_from_the_environment(
         "openai_tokens",
     )
     assert client.engine == EngineSignalSettings(url="http://127.0.0.1:8000/metrics", waiting_max=4)
-
-
-# The rest makes limits: with the core's upstream admission.
-with_core = pytest.mark.skipif(
-    importlib.util.find_spec("gym_concurrency.limits.upstream") is None,
-    reason="needs the core's upstream admission (gym_concurrency.limits.upstream)",
-)
 
 
 def limits(component: str, previous: ConcurrencyLimits | None = None, **route: Any) -> Any:
