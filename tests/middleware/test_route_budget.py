@@ -7,6 +7,7 @@ episode failure for episode."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import AsyncIterator, Iterator
@@ -20,7 +21,7 @@ from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencySe
 
 from tests.metrics_capture import MetricsCapture
 from tests.registry import limits_of
-from tests.servers import UvicornServer
+from tests.servers import UvicornServer, wait_until
 
 pytest.importorskip("gym_concurrency.limits.upstream")  # the core's upstream admission
 
@@ -48,6 +49,7 @@ def app() -> FastAPI:
 
         async def events() -> AsyncIterator[bytes]:
             yield b'data: {"choices": [{"delta": {"content": "hi"}}], "usage": null}\n\n'
+            await asyncio.sleep(body.get("pause", 0))
             yield b'data: {"choices": [], "usage": ' + json.dumps(usage).encode() + b"}\n\n"
             yield b"data: [DONE]\n\n"
 
@@ -108,6 +110,18 @@ def test_a_streamed_answer_settles_from_its_final_usage_chunk(server: UvicornSer
         assert b"[DONE]" in answer.read()
     spent = tokens(component)
     assert (spent.reserved, spent.refunded_total, spent.remaining) == (0, 470, 870)
+
+
+def test_a_client_gone_before_the_usage_came_is_charged_in_full() -> None:
+    component = "client gone mid-stream"
+    with serve(component) as server:
+        body = chat(500, stream=True, pause=1.0)
+        with httpx.stream("POST", server.url + PATH, json=body) as answer:
+            next(answer.iter_raw())  # the first event, then the client leaves
+        limit = limits_of(component)["chat"]
+        wait_until(lambda: limit.active == 0, what="the stream to end")
+        spent = tokens(component)
+    assert (spent.reserved, spent.refunded_total, spent.remaining) == (0, 0, 400)
 
 
 @pytest.mark.parametrize("body", [{"no_usage": True}, {"fail": True}])
