@@ -87,7 +87,11 @@ def server(request: pytest.FixtureRequest) -> Iterator[UvicornServer]:
 
 
 def tokens(component: str) -> Any:
-    budget = limits_of(component)["chat"].budget
+    """The route's token budget once every request is done (the client may have its whole
+    answer a moment before the server settles and releases)."""
+    limit = limits_of(component)["chat"]
+    wait_until(lambda: limit.active == 0, what="the requests to end")
+    budget = limit.budget
     assert budget is not None
     statistics = budget.statistics().tokens
     assert statistics is not None
@@ -118,8 +122,6 @@ def test_a_client_gone_before_the_usage_came_is_charged_in_full() -> None:
         body = chat(500, stream=True, pause=1.0)
         with httpx.stream("POST", server.url + PATH, json=body) as answer:
             next(answer.iter_raw())  # the first event, then the client leaves
-        limit = limits_of(component)["chat"]
-        wait_until(lambda: limit.active == 0, what="the stream to end")
         spent = tokens(component)
     assert (spent.reserved, spent.refunded_total, spent.remaining) == (0, 0, 400)
 
@@ -204,6 +206,7 @@ def test_budget_instruments_and_the_refusal_outcome_are_exported(
     with UvicornServer(made) as server:
         httpx.post(server.url + PATH, json=chat(500, use=20))
         httpx.post(server.url + PATH, json=chat(900))  # never fits after 120 were spent
+        tokens(component)  # both done
         mine = {"nemo.gym.concurrency.component": component}
 
         def points(name: str) -> dict[str, Any]:
