@@ -17,7 +17,12 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencySettings, RouteLimit
+from gym_concurrency.middleware import (
+    ConcurrencyLimitMiddleware,
+    ConcurrencySettings,
+    RouteLimit,
+    status_snapshot,
+)
 
 from tests.metrics_capture import MetricsCapture
 from tests.registry import limits_of
@@ -220,6 +225,11 @@ def test_budget_instruments_and_the_refusal_outcome_are_exported(
         assert points("gym.concurrency.budget.remaining") == {"tokens": 880, "requests": 99}
         assert points("gym.concurrency.budget.reserved") == {"tokens": 0, "requests": 0}
         assert points("gym.concurrency.budget.refunded_total") == {"tokens": 480, "requests": 0}
+        [row] = [r for r in status_snapshot()["limits"] if r["component"] == component]
+        assert [(b["budget"], b["remaining"], b["limit"]) for b in row["budgets"]] == [
+            ("tokens", 880, 1000),
+            ("requests", 99, 100),
+        ]
         waits = metrics.values("gym.concurrency.queue_wait_duration_ms")
         outcomes = {
             dict(key)["nemo.gym.concurrency.admission_outcome"]: point.count
