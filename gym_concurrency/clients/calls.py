@@ -251,6 +251,9 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
     ) -> Slot:
         limit = self.limit
         weight = self.ask.capped_weight(weight)  # by the limit's size now: it may move
+        if deadline is None and tokens is None:  # the common path, as cheap as it was
+            await limit.acquire(weight, flow)
+            return Slot(limit, self.limiter, weight, flow)
         timeout = asyncio.timeout_at(None if deadline is None else deadline.at)
         try:
             async with timeout:  # cut off, it leaves the queue
