@@ -50,8 +50,24 @@ DEFAULT_FLOW_NAMES_PER_LIMIT: Final = 32
 # cardinality limit (2000 attribute sets per instrument, kept for the life of the process).
 FLOW_SERIES_PER_PROCESS: Final = 1000
 
-# "deadline": refused for the request's own deadline (passed, or it cannot be met).
-ADMISSION_OUTCOMES: Final = frozenset({"admitted", "timeout", "deadline", "cancelled", "shed"})
+# "deadline": refused for the request's own deadline (passed, or it cannot be met); "budget":
+# the limit's rate budget could not hold it in time; "saturated": its engine did not admit it.
+ADMISSION_OUTCOMES: Final = frozenset(
+    {"admitted", "timeout", "deadline", "cancelled", "shed", "budget", "saturated"}
+)
+
+# A limit's upstream (docs/rate-budgets.md, docs/engine-signals.md), observed at export: its
+# budgets by BUDGET_ATTRIBUTE (one of BUDGETS), its engine signal's last reading.
+BUDGET_LIMIT_INSTRUMENT: Final = "gym.concurrency.budget.limit"
+BUDGET_REMAINING_INSTRUMENT: Final = "gym.concurrency.budget.remaining"
+BUDGET_RESERVED_INSTRUMENT: Final = "gym.concurrency.budget.reserved"
+BUDGET_REFUNDED_INSTRUMENT: Final = "gym.concurrency.budget.refunded_total"
+UPSTREAM_REPORTED_REMAINING_INSTRUMENT: Final = "gym.concurrency.upstream.reported_remaining"
+ENGINE_WAITING_INSTRUMENT: Final = "gym.concurrency.engine.waiting"
+ENGINE_CACHE_USAGE_INSTRUMENT: Final = "gym.concurrency.engine.cache_usage"
+ENGINE_SIGNAL_AGE_INSTRUMENT: Final = "gym.concurrency.engine.signal_age_seconds"
+BUDGET_ATTRIBUTE: Final = "nemo.gym.concurrency.budget"
+BUDGETS: Final = frozenset({"tokens", "requests", "input_tokens", "output_tokens"})
 
 # Bounded work inside a resources server: verifiers, judges, tools.
 QUEUE_DURATION_INSTRUMENT: Final = "gym.resources.operation.queue_duration_ms"
@@ -105,6 +121,10 @@ REQUEST_UNIT: Final = "{request}"
 OPERATION_UNIT: Final = "{operation}"
 RETRY_UNIT: Final = "{retry}"
 MILLISECONDS_UNIT: Final = "ms"
+SECONDS_UNIT: Final = "s"
+RATIO_UNIT: Final = "1"
+# A budget counts tokens or requests, as its BUDGET_ATTRIBUTE says ("tokens", "requests", ...).
+BUDGET_UNIT: Final = "{token_or_request}"
 
 
 def check_member(kind: str, value: object, allowed: frozenset[str]) -> str:

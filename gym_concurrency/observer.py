@@ -8,6 +8,8 @@ call at all (through the API's proxy, also when the SDK provider is set later);
 `observe_concurrency(provider)` adds another provider. Global limits carry the scope attribute
 and report `admission_unavailable_total`; process limits carry no scope attribute.
 
+A limit with a rate budget or an engine signal also reports them (upstream_instruments.py).
+
 Per flow, cardinality is bounded for the life of the process (flow_series.py): each limit's
 flows go under labels from a bounded vocabulary: "default", its first
 `set_flow_names_per_limit(k)` flows by name (default 32), rank slots "top:1".."top:N" for its
@@ -36,6 +38,7 @@ from .flow_series import FlowSeries
 from .limits import FlowStatistics, Limit, registered_limits
 from .limits.registry import watch
 from .meters import SCOPE_VERSION, meter_for
+from .upstream_instruments import create_upstream_instruments
 
 __all__ = ["observe_concurrency", "set_flow_names_per_limit", "set_flow_series_per_limit"]
 
@@ -256,7 +259,11 @@ def _create_instruments(meter: Meter) -> list[Any]:
         )
         callbacks = [_guarded(spec.name, observations)]
         made.append(create(spec.name, callbacks, unit=spec.unit, description=spec.description))
-    return made
+    return made + create_upstream_instruments(meter, _guarded, _attributes_of)
+
+
+def _attributes_of(limit: Limit) -> dict[str, str]:
+    return _ATTRIBUTES[_attribute_key(limit)]
 
 
 def _guarded(

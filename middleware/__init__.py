@@ -16,6 +16,7 @@ from .settings import (
     ClientLimit,
     ClientRetry,
     ConcurrencySettings,
+    EngineSignalSettings,
     OperationLimit,
     RouteLimit,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "ConcurrencyLimitMiddleware",
     "ConcurrencySettings",
     "ConcurrencyStatusView",
+    "EngineSignalSettings",
     "LimitedClient",
     "OperationHandle",
     "OperationLimit",

@@ -156,10 +156,11 @@ class ConcurrencyLimitMiddleware:
                 if self._queued.draining:  # it began draining while the body was read
                     await self._queued.refuse_now(route, scope, receive, send)
                     return
-            weight, flow = ask(scope, body, unread)
+            weight, flow, tokens = ask.read(scope, body, unread)
             deadline = ask.deadline(scope)
             with within_deadline(_deadline_at(scope, deadline)), within_flow(flow):
-                await self._admit(app, route, (weight, flow), deadline, scope, receive, send)
+                asked = (weight, flow)
+                await self._admit(app, route, asked, deadline, scope, receive, send, tokens)
         finally:
             if ahead is not None:
                 ahead.close()
@@ -173,12 +174,15 @@ class ConcurrencyLimitMiddleware:
         scope: Scope,
         receive: Receive,
         send: Send,
+        tokens: int | None = None,
     ) -> None:
         """Admit a request for `asked` (weight, flow) within its own `deadline` (seconds, None:
         none): at once if free, else queued or refused as it arrives; admitted, run `app`."""
         limit = route.limit
         weight, flow = asked
-        if (deadline is None or deadline > 0) and limit.try_acquire(weight, flow):
+        if route.upstream:  # slots and upstream together: one enqueue admits both, or waits
+            waiter = limit.enqueue(weight, flow, deadline, tokens=tokens)
+        elif (deadline is None or deadline > 0) and limit.try_acquire(weight, flow):
             try:  # the slot is held from here on: nothing may come between taking and `try`
                 # Free and nobody waiting: taken at once, so the wait recorded is zero.
                 self._record_no_wait(route, "admitted")
@@ -186,13 +190,14 @@ class ConcurrencyLimitMiddleware:
             finally:
                 limit.release(weight, flow)
             return
-        waiter = limit.enqueue(weight, flow, deadline)
+        else:
+            waiter = limit.enqueue(weight, flow, deadline)
         result = waiter.result() if waiter.done() else None
         if result is not None and result != "admitted" and scope["type"] == "http":
             self._record_no_wait(route, result)  # refused as it arrived
-            await self._queued.refuse_at_once(route, result, receive, send)
-        else:  # it waits: read the client meanwhile
-            await self._queued(app, route, waiter, scope, receive, send, asked)
+            await self._queued.refuse_at_once(route, result, receive, send, tokens)
+        else:  # it waits (read the client meanwhile), or was admitted with its reservation
+            await self._queued(app, route, waiter, scope, receive, send, asked, tokens)
 
     def _record_no_wait(self, route: LimitedRoute, outcome: str) -> None:
         histogram = self._recorder.histogram()

@@ -1,5 +1,7 @@
 """What a request asks of its route's limit: its weight, its flow and its deadline, read from
-the request as `RouteLimit.weight`, `RouteLimit.flow` and `RouteLimit.deadline` say.
+the request as `RouteLimit.weight`, `RouteLimit.flow` and `RouteLimit.deadline` say; on a limit
+with an upstream budget also its token estimate, by `RouteLimit.tokens` (None: the weight's
+rule), read as a weight is but never capped at the limit (the budget caps it at a minute).
 
 Flows: `header:<name>`, `query:<name>`, `path:<param>`, `json:<dotted.path>` or `client` (the
 client's address); a missing value is the default flow (None). Weights: an int, `json:<dotted.
@@ -56,6 +58,8 @@ class RouteAsk:
         "_flow_of",
         "_limit",
         "_name",
+        "_tokens_of",
+        "_tokens_unread",
         "_unread_output",
         "_weight_of",
         "capped",
@@ -66,16 +70,18 @@ class RouteAsk:
         self._name = config.limit_name
         self._limit = limit
         self._flow_of = _flow_reader(config, credentials)
-        self._weight_of = _weight_reader(config)
+        self._weight_of = _weight_reader(config, config.weight)
         # A body too long to read ahead is priced by its length (openai_tokens only).
-        self._unread_output = (
-            config.default_output_tokens if config.weight == "openai_tokens" else None
-        )
+        self._unread_output = _unread_output(config, config.weight)
+        tokens = config.weight if config.tokens is None else config.tokens
+        self._tokens_of = _weight_reader(config, tokens) if config.has_upstream else None
+        self._tokens_unread = _unread_output(config, tokens)
         # An adaptive limit may shrink under a waiter: cap at its floor, which it never goes
         # below, so a capped request always fits once the limit is idle.
         self._floor = None if config.adaptive is None else config.adaptive.min_concurrent
         flow = None if config.flow is None else config.flow.removeprefix("hash:")
         self.reads_body = _reads_body(flow) or _reads_body(config.weight)
+        self.reads_body = self.reads_body or (config.has_upstream and _reads_body(tokens))
         self.capped = 0  # requests whose weight was more than the limit
         deadline = config.deadline
         self._deadline_header = None if deadline is None else deadline[7:].lower().encode()
@@ -92,11 +98,19 @@ class RouteAsk:
     def __call__(self, scope: Scope, body: bytes | None, unread: int = 0) -> tuple[int, Hashable]:
         """(weight, flow) of the request with `scope` and (if `reads_body`) `body`; `unread`:
         the length of a body the bounds kept from being read in full (else 0)."""
+        weight, flow, _ = self.read(scope, body, unread)
+        return weight, flow
+
+    def read(
+        self, scope: Scope, body: bytes | None, unread: int = 0
+    ) -> tuple[int, Hashable, int | None]:
+        """(weight, flow, token estimate) of the request, as `__call__`; the estimate is None
+        on a limit without an upstream."""
         parsed = _parse(body) if self.reads_body else _MISSING
-        if unread and self._unread_output is not None:
-            weight = math.ceil(unread / 4) + self._unread_output
-        else:
-            weight = self._weight_of(scope, parsed)
+        tokens = None
+        if self._tokens_of is not None:
+            tokens = _priced(self._tokens_of, self._tokens_unread, scope, parsed, unread)
+        weight = _priced(self._weight_of, self._unread_output, scope, parsed, unread)
         ceiling = max(1, self._limit.limit if self._floor is None else self._floor)
         if weight > ceiling:
             if not self.capped:
@@ -109,13 +123,14 @@ class RouteAsk:
                 )
             self.capped += 1
             weight = ceiling
-        return weight, self._flow_of(scope, parsed)
+        return weight, self._flow_of(scope, parsed), tokens
 
 
 def route_ask(config: RouteLimit, limit: Limit, credentials: CredentialFlows) -> RouteAsk | None:
     """The route's ask, or None when every request asks for weight 1 in the default flow,
-    with no deadline."""
-    if config.flow is None and config.weight == 1 and config.deadline is None:
+    with no deadline, of a limit without an upstream."""
+    plain = config.flow is None and config.weight == 1 and config.deadline is None
+    if plain and not config.has_upstream:
         return None
     return RouteAsk(config, limit, credentials)
 
@@ -161,8 +176,21 @@ def _value_reader(config: RouteLimit, source: str) -> Callable[[Scope, Body], ob
     return lambda scope, body: _dotted(body, keys)
 
 
-def _weight_reader(config: RouteLimit) -> WeightOf:
-    source = config.weight
+def _priced(
+    read: WeightOf, unread_output: int | None, scope: Scope, body: Body, unread: int
+) -> int:
+    """What `read` prices the request at; a body too long to read ahead, by its length."""
+    if unread and unread_output is not None:
+        return math.ceil(unread / 4) + unread_output
+    return read(scope, body)
+
+
+def _unread_output(config: RouteLimit, source: int | str) -> int | None:
+    """The output an unread body is priced with (openai_tokens only), else None."""
+    return config.default_output_tokens if source == "openai_tokens" else None
+
+
+def _weight_reader(config: RouteLimit, source: int | str) -> WeightOf:
     if isinstance(source, int):
         return lambda scope, body: source
     if source == "openai_tokens":

@@ -4,7 +4,8 @@ the code that makes it gives its own.
 
 Flows: `route` (ROUTE_FLOW: the flow of the request being handled when the call is made),
 `none` (the default flow) or `header:<name>` (that header of the outgoing request, cut to
-MAX_FLOW_CHARACTERS). Weights: an int, or `openai_tokens` (the outgoing body, in tokens).
+MAX_FLOW_CHARACTERS). Weights: an int, or `openai_tokens` (the outgoing body, in tokens); a
+token estimate (`ClientLimit.tokens`, on a limit with a budget) the same (None: the weight).
 """
 
 from __future__ import annotations
@@ -36,12 +37,17 @@ CONFIGURED: Final = _Configured()
 
 
 def configured_ask(
-    config: ClientLimit, weight: RequestWeight | None, flow: RequestFlow
-) -> tuple[RequestWeight, RequestFlow]:
-    """The (weight, flow) a client made with `weight` (None: the settings') and `flow`
-    (CONFIGURED: the settings') asks for."""
+    config: ClientLimit,
+    weight: RequestWeight | None,
+    flow: RequestFlow,
+    tokens: RequestWeight | None = None,
+) -> tuple[RequestWeight, RequestFlow, RequestWeight | None]:
+    """The (weight, flow, token estimate) a client made with `weight` (None: the settings'),
+    `flow` (CONFIGURED: the settings') and `tokens` (None: the settings') asks for."""
     if weight is None:
-        weight = openai_tokens if config.weight == "openai_tokens" else int(config.weight)
+        weight = _pricer(config.weight)
+    if tokens is None and config.tokens is not None:
+        tokens = _pricer(config.tokens)
     if flow is CONFIGURED:
         source = config.flow
         if source == "route":
@@ -50,7 +56,11 @@ def configured_ask(
             flow = None
         else:
             flow = HeaderFlow(source.removeprefix("header:"))
-    return weight, flow
+    return weight, flow, tokens
+
+
+def _pricer(setting: int | str) -> RequestWeight:
+    return openai_tokens if setting == "openai_tokens" else int(setting)
 
 
 class HeaderFlow:

@@ -55,9 +55,9 @@ class LimitedClient:
                 config.max_concurrent,
                 tolerance=adaptive.latency_tolerance,
             )
-        # Every transport's calls, with the weight and flow its code gave (None, CONFIGURED:
-        # the settings', which a reload changes).
-        self._calls: weakref.WeakKeyDictionary[LimitedCalls[Any, Any], tuple[Any, Any]] = (
+        # Every transport's calls, with the weight, flow and tokens its code gave (None,
+        # CONFIGURED: the settings', which a reload changes).
+        self._calls: weakref.WeakKeyDictionary[LimitedCalls[Any, Any], tuple[Any, ...]] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -71,13 +71,15 @@ class LimitedClient:
         *,
         weight: RequestWeight | None = None,
         flow: RequestFlow = CONFIGURED,
+        tokens: RequestWeight | None = None,
     ) -> LimitedTransport:
         """A LimitedTransport (needs httpx) around `transport` (default: a new
         `httpx.AsyncHTTPTransport()`) for `httpx.AsyncClient(transport=...)`; each call asks
-        for `weight` in `flow`, by default the settings' (docs/clients.md)."""
+        for `weight` in `flow` (and `tokens` of a budget), by default the settings'
+        (docs/clients.md)."""
         from gym_concurrency.clients.httpx import LimitedTransport
 
-        asked = configured_ask(self.config, weight, flow)
+        asked = configured_ask(self.config, weight, flow, tokens)
         made = LimitedTransport(
             self.limit,
             retry=self.retry,
@@ -87,18 +89,24 @@ class LimitedClient:
             weight=asked[0],
             flow=asked[1],
             deadline_header=self.config.deadline_header,
+            tokens=asked[2],
         )
-        self._calls[made.calls] = (weight, flow)
+        self._calls[made.calls] = (weight, flow, tokens)
         return made
 
     def middleware(
-        self, *, weight: RequestWeight | None = None, flow: RequestFlow = CONFIGURED
+        self,
+        *,
+        weight: RequestWeight | None = None,
+        flow: RequestFlow = CONFIGURED,
+        tokens: RequestWeight | None = None,
     ) -> LimitedMiddleware:
         """An aiohttp client middleware (needs aiohttp) for `ClientSession(middlewares=...)`;
-        each call asks for `weight` in `flow`, by default the settings'."""
+        each call asks for `weight` in `flow` (and `tokens` of a budget), by default the
+        settings'."""
         from gym_concurrency.clients.aiohttp import LimitedMiddleware
 
-        asked = configured_ask(self.config, weight, flow)
+        asked = configured_ask(self.config, weight, flow, tokens)
         made = LimitedMiddleware(
             self.limit,
             retry=self.retry,
@@ -107,15 +115,20 @@ class LimitedClient:
             weight=asked[0],
             flow=asked[1],
             deadline_header=self.config.deadline_header,
+            tokens=asked[2],
         )
-        self._calls[made.calls] = (weight, flow)
+        self._calls[made.calls] = (weight, flow, tokens)
         return made
 
     def reconfigure(self, config: ClientLimit) -> None:
         """Take new settings of this limit (a reload): later calls of every transport and
         middleware made from it are retried by the new policy, send the new deadline header,
         and ask for the new weight and flow where its code left them to the settings."""
-        asks_changed = (config.weight, config.flow) != (self.config.weight, self.config.flow)
+        asks_changed = (config.weight, config.flow, config.tokens) != (
+            self.config.weight,
+            self.config.flow,
+            self.config.tokens,
+        )
         self.config = config
         self.retry = config.retry.policy() if config.retry else None
         for calls, given in list(self._calls.items()):

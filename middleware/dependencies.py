@@ -2,7 +2,9 @@
 configured OperationLimit through `resources_operation`, timing only the guarded block:
 `async with handle:` takes one slot; `async with handle(weight=..., flow=...):` takes `weight`
 of the limit (capped at its size) in `flow`, served fairly among flows. The default flow is the
-request's (`RouteLimit.flow`; gym_concurrency.flow), as for outbound calls."""
+request's (`RouteLimit.flow`; gym_concurrency.flow), as for outbound calls. On a limit with a
+rate budget, a block also reserves `tokens` (`handle(tokens=...)`, else `OperationLimit.tokens`,
+else its weight), charged in full: a block reports no usage to settle it by."""
 
 from __future__ import annotations
 
@@ -44,16 +46,21 @@ class OperationHandle:
         """The configured operation limit and its limit."""
         return self._limit
 
-    def operation(self, *, weight: int = 1, flow: Hashable = ROUTE_FLOW) -> Any:
+    def operation(
+        self, *, weight: int = 1, flow: Hashable = ROUTE_FLOW, tokens: int | None = None
+    ) -> Any:
         """A fresh `resources_operation` on this limit (an async context manager) that takes
         `weight` (an int >= 1, capped at the limit's size when entered) in `flow` (any
-        hashable; None is the default flow; ROUTE_FLOW, the request's flow now). TypeError /
+        hashable; None is the default flow; ROUTE_FLOW, the request's flow now), and `tokens`
+        of its budget (None: `OperationLimit.tokens`, else the weight). TypeError /
         ValueError for a bad argument."""
         config = self._limit.config
         limit: Any = self._limit.limit
         flow = flow_or_route(flow)
-        if flow is not None or weight != 1 or type(weight) is not int:  # True is no weight
-            limit = WeighedHold(limit, weight, flow)
+        tokens = config.tokens if tokens is None else tokens
+        plain = flow is None and weight == 1 and type(weight) is int  # True is no weight
+        if not plain or tokens is not None:
+            limit = WeighedHold(limit, weight, flow, tokens)
         return resources_operation(
             limit,
             config.operation,
@@ -61,9 +68,11 @@ class OperationHandle:
             meter_provider=self._meter_provider,
         )
 
-    def __call__(self, *, weight: int = 1, flow: Hashable = ROUTE_FLOW) -> Any:
-        """`async with handle(weight=..., flow=...) as op:`: `operation(weight=, flow=)`."""
-        return self.operation(weight=weight, flow=flow)
+    def __call__(
+        self, *, weight: int = 1, flow: Hashable = ROUTE_FLOW, tokens: int | None = None
+    ) -> Any:
+        """`async with handle(weight=..., flow=..., tokens=...) as op:`: `operation(...)`."""
+        return self.operation(weight=weight, flow=flow, tokens=tokens)
 
     async def __aenter__(self) -> ResourcesOperation:
         operation = self.operation()
@@ -99,11 +108,14 @@ class OperationHandle:
 class WeighedHold:
     """`weight` of `limit` in `flow` for one block: the weight is capped at the limit's size
     when the block is entered (a heavier one could never be admitted) and the same weight and
-    flow are released on exit."""
+    flow are released on exit; `tokens` (None: none asked) are reserved of the limit's budget
+    and charged in full."""
 
-    __slots__ = ("_flow", "_held", "_limit", "_weight")
+    __slots__ = ("_flow", "_held", "_limit", "_tokens", "_weight")
 
-    def __init__(self, limit: Limit, weight: int, flow: Hashable) -> None:
+    def __init__(
+        self, limit: Limit, weight: int, flow: Hashable, tokens: int | None = None
+    ) -> None:
         named = f"operation limit {limit.limit_name!r}"
         if isinstance(weight, bool) or not isinstance(weight, int):
             raise TypeError(f"{named}: weight must be an int >= 1, got {weight!r}")
@@ -116,11 +128,15 @@ class WeighedHold:
         self._limit = limit
         self._weight = weight
         self._flow = flow
+        self._tokens = tokens
         self._held = 0
 
     async def __aenter__(self) -> None:
         weight = min(self._weight, max(1, self._limit.limit))
-        await self._limit.acquire(weight, self._flow)
+        if self._tokens is None:
+            await self._limit.acquire(weight, self._flow)
+        else:
+            await self._limit.acquire(weight, self._flow, tokens=self._tokens)
         self._held = weight
 
     async def __aexit__(self, *exc: object) -> None:

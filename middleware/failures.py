@@ -1,7 +1,8 @@
 """The failure profiles: the status, headers and body a request gets when it is not admitted.
 
 `problem` (RFC 9457 problem details) and `openai` (the OpenAI error shape) answer 503 with
-`Retry-After`; `episode` answers 200 with NeMo Gym's BaseEpisodeResponse carrying a
+`Retry-After` (429 for a spent rate budget: a rate limit, with the seconds until the budget
+holds the request); `episode` answers 200 with NeMo Gym's BaseEpisodeResponse carrying a
 non-terminal admission failure, so a rollout collector records it instead of retrying.
 Each reason (`Refusal`) has its own body; a deadline refusal also its own Retry-After rule
 (`retry_after_seconds`).
@@ -30,25 +31,35 @@ PROBLEM_TYPES: dict[Refusal, str] = {
     "deadline": "urn:gym-concurrency:deadline-exceeded",
     "shed": "urn:gym-concurrency:queue-full",
     "unavailable": "urn:gym-concurrency:limit-unavailable",
+    "budget": "urn:gym-concurrency:budget-exhausted",
+    "saturated": "urn:gym-concurrency:engine-saturated",
 }
 PROBLEM_TITLES: dict[Refusal, str] = {
     "timeout": "Admission timed out",
     "deadline": "Admission deadline exceeded",
     "shed": "Admission queue full",
     "unavailable": "Admission unavailable",
+    "budget": "Rate budget exhausted",
+    "saturated": "Engine saturated",
 }
 OPENAI_CODES: dict[Refusal, str] = {
     "timeout": "admission_timeout",
     "deadline": "deadline_exceeded",
     "shed": "queue_full",
     "unavailable": "limit_unavailable",
+    "budget": "rate_limit_exceeded",  # OpenAI's own code for a spent rate limit (with a 429)
+    "saturated": "engine_saturated",
 }
 EPISODE_FAILURE_REFUSALS: dict[Refusal, str] = {
     "timeout": "Episode admission timed out",
     "deadline": "Episode admission deadline exceeded",
     "shed": "Episode admission queue full",
     "unavailable": "Episode admission unavailable",
+    "budget": "Episode admission budget exhausted",
+    "saturated": "Episode admission engine saturated",
 }
+# A spent rate budget is a rate limit: 429, as OpenAI and Anthropic answer theirs.
+_STATUS: dict[Refusal, int] = {"budget": 429}
 # A request refused because the server shuts down (reason "unavailable", while draining).
 DRAINING_DETAIL = "The server is shutting down (draining); send the request to another replica."
 EPISODE_DRAINING = "Episode admission unavailable: the server is draining"
@@ -62,14 +73,15 @@ class RouteFailures:
 
     __slots__ = (
         "_bodies",
+        "_budget_fallback",
         "_deadline_retry_after",
         "_draining",
         "_handover_wait",
         "_headers",
         "_retry_after",
+        "_statuses",
         "_with_ms",
         "episode",
-        "status",
     )
 
     def __init__(
@@ -81,7 +93,9 @@ class RouteFailures:
         handover_wait: Callable[[], float | None] | None = None,
     ) -> None:
         self.episode = route.failure == "episode"
-        self.status = 200 if self.episode else 503
+        self._statuses = {
+            reason: 200 if self.episode else _STATUS.get(reason, 503) for reason in REFUSALS
+        }
         self._bodies = {reason: _encoded_body(route, reason) for reason in REFUSALS}
         self._draining = _encoded_body(route, "unavailable", draining=True)
         # `retry_after` (Retry-After auto): computed for each refusal, from the hand-over rate.
@@ -101,14 +115,17 @@ class RouteFailures:
         self._headers: dict[Refusal, list[tuple[bytes, bytes]]] = {}
         for reason in REFUSALS:
             headers = [(b"content-type", content_type)]
-            computed = retry_after is not None or (
-                reason == "deadline" and handover_wait is not None
+            computed = (
+                retry_after is not None
+                or (reason == "deadline" and handover_wait is not None)
+                or reason == "budget"  # the budget's own wait, at each refusal
             )
             if not self.episode and not computed:
                 headers += self._retry_after_headers(retry_after_seconds(route, reason))
             if close_connection:  # a client that retries at once pays a reconnect
                 headers.append((b"connection", b"close"))
             self._headers[reason] = headers
+        self._budget_fallback = retry_after_seconds(route, "budget")
 
     def body(
         self, reason: Refusal, request_body: bytes | None = None, *, draining: bool = False
@@ -128,16 +145,22 @@ class RouteFailures:
         request_body: bytes | None = None,
         *,
         draining: bool = False,
+        budget_wait: int | None = None,
     ) -> None:
-        """Send the whole response for `reason` over ASGI `send`."""
+        """Send the whole response for `reason` over ASGI `send`; `budget_wait`: for a
+        refusal for the budget, whole seconds until it holds the request (its Retry-After)."""
         body = self.body(reason, request_body, draining=draining)
         # A fresh headers list each time: outer middlewares may append to it in place.
         headers = [*self._headers[reason], (b"content-length", b"%d" % len(body))]
-        if self._retry_after is not None:
+        if reason == "budget" and not self.episode:
+            wait = self._budget_fallback if budget_wait is None else budget_wait
+            headers += self._retry_after_headers(wait)
+        elif self._retry_after is not None:
             headers += self._retry_after_headers(self._retry_after())
         elif reason == "deadline" and self._handover_wait is not None:
             headers += self._handover_retry_after(self._handover_wait())
-        await send({"type": "http.response.start", "status": self.status, "headers": headers})
+        status = self._statuses[reason]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
     def _handover_retry_after(self, seconds: float | None) -> list[tuple[bytes, bytes]]:
@@ -215,14 +238,26 @@ def _detail(route: RouteLimit, reason: Refusal, draining: bool) -> str:
         )
     if reason == "shed":
         return f"Limit {limit} already has {route.max_queue} requests queued."
+    if reason == "budget":
+        return (
+            f"The rate budget of limit {limit} ({_budgets(route)}) would not hold the "
+            "request's estimate within the wait allowed; retry after Retry-After."
+        )
+    if reason == "saturated":
+        return f"The engine behind limit {limit} had no room (its queue or cache is full)."
     return f"The shared limit {limit} could not be reached."
+
+
+def _budgets(route: RouteLimit) -> str:
+    sizes = route.budget_sizes()
+    return ", ".join(f"{name}_per_minute={size}" for name, size in sizes.items()) or "none"
 
 
 def _problem_body(route: RouteLimit, reason: Refusal, draining: bool) -> dict[str, Any]:
     return {
         "type": PROBLEM_TYPES[reason],
         "title": PROBLEM_TITLES[reason],
-        "status": 503,
+        "status": _STATUS.get(reason, 503),
         "detail": _detail(route, reason, draining),
         "limit_name": route.limit_name,
     }
@@ -232,7 +267,8 @@ def _openai_body(route: RouteLimit, reason: Refusal, draining: bool) -> dict[str
     return {
         "error": {
             "message": _detail(route, reason, draining),
-            "type": "server_error",
+            # OpenAI's type for a 429 of a rate limit; every other refusal is a 503.
+            "type": "rate_limit_error" if reason == "budget" else "server_error",
             "param": None,
             "code": OPENAI_CODES[reason],
         }

@@ -38,6 +38,7 @@ from .credential_flows import CredentialFlows
 from .failures import RouteFailures
 from .settings import ClientLimit, ConcurrencySettings, OperationLimit, RouteLimit
 from .settings.fixed import fixed_fields
+from .upstream import check_upstream_reload, resize_budgets, upstream_keywords
 
 __all__ = ["LIMITS_SCOPE_KEY", "ConcurrencyLimits", "LimitPlan", "LimitedOperation", "LimitedRoute"]
 
@@ -59,6 +60,7 @@ class LimitedRoute:
     failures: RouteFailures
     feedback: RouteFeedback | None = None
     ask: RouteAsk | None = None  # None: every request asks for weight 1 in the default flow
+    upstream: bool = False  # its limit also asks a rate budget or an engine signal
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,8 @@ class LimitPlan:
         """Make the limit what `config` says; what changed, one line each."""
         before = self.limit.limit
         how = self._move()
+        if self.previous is not None:  # budgets too are resized; said as field changes
+            resize_budgets(self.limit, self.previous, self.config)
         if self.previous is None:
             return [f"{self.kind} limit {self.name!r} added: {self.limit.limit}{how}"]
         lines = []
@@ -273,7 +277,8 @@ class ConcurrencyLimits:
             else None,
         )
         ask = route_ask(config, plan.limit, self._credentials)
-        return LimitedRoute(config, plan.limit, by_outcome, failures, feedback, ask)
+        upstream = config.has_upstream
+        return LimitedRoute(config, plan.limit, by_outcome, failures, feedback, ask, upstream)
 
     def _route_plan(self, index: int, config: RouteLimit) -> LimitPlan:
         """The plan for a route limit_name: its limit (kept from `previous` if it had it),
@@ -328,6 +333,7 @@ class ConcurrencyLimits:
                 timeout=timeout,
                 max_queue=max_queue,
                 backfill_seconds=config.backfill_seconds,
+                **upstream_keywords(config),
             )
         assert settings.redis_url is not None  # checked by the settings
         local = settings.redis_unavailable == "local"
@@ -346,6 +352,7 @@ class ConcurrencyLimits:
             local_max_concurrent=(config.local_max_concurrent or config.max_concurrent)
             if local
             else None,
+            **upstream_keywords(config),
         )
 
 
@@ -400,6 +407,7 @@ def _check_unchanged(
 ) -> None:
     """ValueError naming the first field marked Fixed (settings/fixed.py) that `new` changes."""
     fixed = fixed_fields(type(new))
+    check_upstream_reload(where, old, new)  # budgets on / off, the engine
     for field, before, _ in _changed_fields(old, new):
         if field in fixed:
             raise ValueError(

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from gym_concurrency import DeadlineExceededError, LimitUnavailableError, QueueFullError
 from gym_concurrency.clients import RetryPolicy
-from gym_concurrency.limits import Refusal
+from gym_concurrency.limits import Refusal, UpstreamCapacityError
 from gym_concurrency.safe_urls import safe_url
 
 from .failures import EPISODE_FAILURE_REFUSALS, OPENAI_CODES, PROBLEM_TYPES
@@ -58,6 +58,8 @@ RefusalKind = Literal[
     "deadline_exceeded",
     "queue_full",
     "limit_unavailable",
+    "budget_exhausted",
+    "engine_saturated",
     "timeout",
     "overloaded",
 ]
@@ -67,6 +69,8 @@ _KINDS: dict[Refusal, RefusalKind] = {
     "deadline": "deadline_exceeded",
     "shed": "queue_full",
     "unavailable": "limit_unavailable",
+    "budget": "budget_exhausted",
+    "saturated": "engine_saturated",
 }
 _PROBLEM_KINDS = {PROBLEM_TYPES[reason]: kind for reason, kind in _KINDS.items()}
 _OPENAI_KINDS = {OPENAI_CODES[reason]: kind for reason, kind in _KINDS.items()}
@@ -106,6 +110,8 @@ def refusal_of(error: BaseException) -> RefusalMet | None:
         return RefusalMet("limit_unavailable", str(error) or "the shared limit cannot be reached")
     if isinstance(error, DeadlineExceededError):  # a limit's wait ended by the deadline
         return RefusalMet("deadline_exceeded", str(error))
+    if isinstance(error, UpstreamCapacityError):  # its budget or its engine kept it out
+        return RefusalMet(_KINDS[error.reason], str(error))
     if isinstance(error, TimeoutError):  # a limit's admission timeout (also aiohttp's timeouts)
         return RefusalMet("timeout", str(error) or type(error).__name__)
     answered = _http_status_error(error)

@@ -17,11 +17,16 @@ from time import perf_counter
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gym_concurrency.limits import Admission, Refusal, WaitOutcome
+from gym_concurrency.limits.rate_budget import Reservation
+from gym_concurrency.settlement import Settlement
+from gym_concurrency.upstream_view import budget_of
 
 from .body import QueuedBodies, QueuedRequest, QueuedWebsocket
 from .cascade import CascadeWarning
 from .limits import LimitedRoute
 from .queue_wait import QueueWaitRecorder
+from .settling import run_settled
+from .upstream import budget_retry_after
 
 __all__ = ["DEFAULT_ASK", "QueuedAdmission"]
 
@@ -33,6 +38,8 @@ _WEBSOCKET_REASONS = {
     "timeout": "admission timed out",
     "deadline": "admission deadline exceeded",
     "shed": "admission queue full",
+    "budget": "admission budget exhausted",
+    "saturated": "admission engine saturated",
 }
 
 
@@ -97,9 +104,11 @@ class QueuedAdmission:
         receive: Receive,
         send: Send,
         ask: Ask = DEFAULT_ASK,
+        tokens: int | None = None,
     ) -> None:
         """Serve a connection queued on `route` as `waiter` (from `route.limit.enqueue()`, with
-        `ask`'s weight and flow): admitted, `app` runs holding what it asked for."""
+        `ask`'s weight and flow, and `tokens` of its upstream's budget): admitted, `app` runs
+        holding what it asked for, its reservation settled from the response."""
         if scope["type"] == "http":
             queued: QueuedRequest | QueuedWebsocket = QueuedRequest(
                 receive, self.max_body_bytes, self.bodies
@@ -107,29 +116,35 @@ class QueuedAdmission:
         else:
             queued = QueuedWebsocket(receive)
         try:
-            outcome = await self._wait(route, waiter, queued)
+            outcome, reservation = await self._wait(route, waiter, queued)
             if outcome == "admitted":
-                await self._run(app, route, scope, queued, send, ask)
+                await self._run(app, route, scope, queued, send, ask, reservation)
             elif outcome == "cancelled":
                 return  # the client left: nothing is sent
             elif isinstance(queued, QueuedRequest):
-                await self._refuse(route, outcome, queued, send)
+                await self._refuse(route, outcome, queued, send, tokens)
             else:
                 await _refuse_websocket(outcome, queued, send)
         finally:
             queued.close()
 
     async def refuse_at_once(
-        self, route: LimitedRoute, reason: Refusal, receive: Receive, send: Send
+        self,
+        route: LimitedRoute,
+        reason: Refusal,
+        receive: Receive,
+        send: Send,
+        tokens: int | None = None,
     ) -> None:
         """Refuse an HTTP request whose wait ended as it began (a full queue, an unreachable
-        shared limit): no read of the client unless the episode profile needs its body."""
+        shared limit, a budget that could not hold it in time): no read of the client unless
+        the episode profile needs its body."""
         if not route.failures.episode:
-            await self._refuse(route, reason, None, send)
+            await self._refuse(route, reason, None, send, tokens)
             return
         queued = QueuedRequest(receive, self.max_body_bytes, self.bodies)
         try:
-            await self._refuse(route, reason, queued, send)
+            await self._refuse(route, reason, queued, send, tokens)
         finally:
             queued.close()
 
@@ -138,13 +153,15 @@ class QueuedAdmission:
         route: LimitedRoute,
         waiter: asyncio.Future[Admission],
         queued: QueuedRequest | QueuedWebsocket,
-    ) -> WaitOutcome:
-        """How the wait ended; a disconnect leaves the queue, as does a server cancel (raised)."""
+    ) -> tuple[WaitOutcome, Reservation | None]:
+        """How the wait ended, and the reservation of the limit's budget handed with an
+        admission; a disconnect leaves the queue, as does a server cancel (raised)."""
         started = perf_counter()
         recorded: str | None = "cancelled"
         self.waiting[waiter] = route
         try:
-            recorded = outcome = await _wait_reading(route, waiter, queued)
+            outcome, reservation = await _wait_reading(route, waiter, queued)
+            recorded = outcome
         except asyncio.CancelledError:  # the server cancelled the request
             route.limit.leave(waiter)
             raise
@@ -155,7 +172,7 @@ class QueuedAdmission:
         finally:
             self.waiting.pop(waiter, None)
             self._record(route, recorded, started)
-        return outcome
+        return outcome, reservation
 
     def _record(self, route: LimitedRoute, outcome: str | None, started: float) -> None:
         histogram = self.recorder.histogram()
@@ -172,14 +189,25 @@ class QueuedAdmission:
         queued: QueuedRequest | QueuedWebsocket,
         send: Send,
         ask: Ask,
+        reservation: Reservation | None,
     ) -> None:
         try:
-            await app(scope, queued.receive, send)
+            budget = budget_of(route.limit) if reservation is not None else None
+            if budget is None or reservation is None:
+                await app(scope, queued.receive, send)
+            else:
+                settlement = Settlement(budget, reservation)
+                await run_settled(app, scope, queued.receive, send, settlement)
         finally:
             route.limit.release(*ask)
 
     async def _refuse(
-        self, route: LimitedRoute, reason: Refusal, queued: QueuedRequest | None, send: Send
+        self,
+        route: LimitedRoute,
+        reason: Refusal,
+        queued: QueuedRequest | None,
+        send: Send,
+        tokens: int | None = None,
     ) -> None:
         if reason == "shed":
             self.cascade.shed(route)
@@ -188,15 +216,19 @@ class QueuedAdmission:
             body = await queued.read_body(self.refusal_body_seconds)
             if queued.disconnected:
                 return
+        wait = None
+        if reason == "budget" and tokens is not None:  # when the budget would hold it
+            wait = budget_retry_after(route.limit, tokens)
         with contextlib.suppress(OSError):  # the client left while we answered; nothing held
-            await route.failures.send(send, reason, body, draining=self.draining)
+            await route.failures.send(send, reason, body, draining=self.draining, budget_wait=wait)
 
 
 async def _wait_reading(
     route: LimitedRoute, waiter: asyncio.Future[Admission], queued: QueuedRequest | QueuedWebsocket
-) -> WaitOutcome:
-    """Wait for `waiter` while `queued` reads the client; "cancelled" (having left the queue)
-    if the client disconnects first. A failed read is raised."""
+) -> tuple[WaitOutcome, Reservation | None]:
+    """Wait for `waiter` while `queued` reads the client; "cancelled" (having left the queue,
+    which gives back a reservation handed to it) if the client disconnects first. A failed
+    read is raised."""
     queued.watch(waiter.cancel)  # a disconnect or a failed read ends the wait
     try:
         result = await waiter
@@ -211,10 +243,10 @@ async def _wait_reading(
         raise queued.failure  # the caller leaves the queue, uncounted
     if queued.disconnected:  # also when admitted in the same moment: the slot passes on
         route.limit.leave(waiter)
-        return "cancelled"
+        return "cancelled", None
     assert result is not None
-    route.limit.settle(waiter)
-    return result
+    reservation = route.limit.settle(waiter)
+    return result, reservation
 
 
 async def _refuse_websocket(reason: str, queued: QueuedWebsocket, send: Send) -> None:

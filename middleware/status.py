@@ -3,7 +3,8 @@
 Mount it in an app (`app.add_route("/concurrency", ConcurrencyStatusView())` or `app.mount`).
 `?format=json` or a client that does not accept HTML gets the JSON snapshot; a browser gets
 a page with a bar per limit that re-reads the snapshot every `refresh_seconds`. Each limit
-lists its busiest flows (held and queued weight, waiters), the rest summed.
+lists its busiest flows (held and queued weight, waiters), the rest summed, and, where it has
+them, its rate budgets (remaining of each a minute) and its engine signal's last reading.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gym_concurrency.busiest_flows import busiest_flows
 from gym_concurrency.limits import FlowStatistics, Limit, registered_limits
 from gym_concurrency.limits.adaptive import limiter_of
 from gym_concurrency.operations import operation_counts
+from gym_concurrency.upstream_view import upstream_statistics
 
 __all__ = ["ConcurrencyStatusView", "status_snapshot"]
 
@@ -131,6 +133,7 @@ def _reading(limit: Limit) -> dict[str, Any]:
             "connected": shared.connected,
         }
         row["unavailable"] = stats.admission_unavailable
+    row.update(_upstream_fields(limit))
     limiter = limiter_of(limit)
     if limiter is not None:  # a limit that moves: its bounds, and what it reads
         controller = limiter.controller
@@ -142,6 +145,33 @@ def _reading(limit: Limit) -> dict[str, Any]:
             "baseline_ms": None if baseline is None else round(baseline * 1000.0, 3),
         }
     return row
+
+
+def _upstream_fields(limit: Limit) -> dict[str, Any]:
+    """A limit's budgets (each one's size a minute, what admission may take now, reserved,
+    the provider's last word) and its engine's last reading, where it has them."""
+    budgets, engine = upstream_statistics(limit)
+    fields: dict[str, Any] = {}
+    if budgets is not None:
+        fields["budgets"] = [
+            {
+                "budget": b.budget,
+                "limit": b.limit,
+                "remaining": b.remaining,
+                "reserved": b.reserved,
+                "refunded_total": b.refunded_total,
+                "reported_remaining": b.reported_remaining,
+            }
+            for b in budgets.budgets()
+        ]
+    if engine is not None:
+        fields["engine"] = {
+            "waiting": engine.waiting,
+            "cache_usage": engine.cache_usage,
+            "signal_age_seconds": engine.signal_age_seconds,
+            "stale": engine.stale,
+        }
+    return fields
 
 
 _unreadable_logged: set[int] = set()

@@ -35,7 +35,7 @@ def run(block: str, **env: str) -> str:
 
 
 def test_the_reading_block_prints_what_the_doc_says() -> None:
-    assert len(blocks("python")) == 2
+    assert len(blocks("python")) == 3
     [printed] = blocks("text")
     assert run(blocks("python")[0]) == printed
 
@@ -43,6 +43,10 @@ def test_the_reading_block_prints_what_the_doc_says() -> None:
 def test_the_callers_block_follows_a_running_engine() -> None:
     with fake_engine("--batch", "8", "--service-ms", "20") as engine:
         assert run(blocks("python")[1], ENGINE=engine.base) == "stale=False scrapes>0=True\n"
+
+
+def test_the_settings_block_runs() -> None:
+    assert run(blocks("python")[2]) == ""
 
 
 def written(gauge: Gauge | None) -> str:

@@ -23,6 +23,8 @@ CREATE = {
     *(f"create_observable_{kind}" for kind in ("counter", "up_down_counter", "gauge")),
     "_Instrument",
     "_FlowInstrument",
+    "_BudgetInstrument",  # upstream_instruments.py
+    "_EngineInstrument",
 }
 ROW = re.compile(r"^\| `(gym\.[a-z_.]+)` \| ([^|]+) \| `([^`]+)` \| `([^`]+)` \|", re.M)
 

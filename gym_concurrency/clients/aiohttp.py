@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from opentelemetry.metrics import MeterProvider
@@ -20,6 +20,7 @@ try:
     import aiohttp
     from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
     from aiohttp.connector import Connection
+    from aiohttp.streams import StreamReader
 except ImportError as error:  # absent, or older than client middlewares (3.12)
     raise missing_library(error, "aiohttp", "limited_middleware", "3.12") from error
 
@@ -27,6 +28,7 @@ from ..flow import ROUTE_FLOW
 from ..limits import Limit
 from ..limits.adaptive import AdaptiveController
 from ..safe_urls import safe_url
+from ..settlement import Settlement
 from .adaptive import AdaptiveConfig
 from .calls import BodyDeadline, CallsView, DeadlineExceeded, LimitedCalls, Slot
 from .leaks import guard_slot
@@ -52,6 +54,7 @@ def limited_middleware(
     weight: RequestWeight = 1,
     flow: RequestFlow = ROUTE_FLOW,
     deadline_header: str | None = None,
+    tokens: RequestWeight | None = None,
 ) -> LimitedMiddleware:
     """A client middleware: each attempt takes one slot of `limit` and holds it until the
     response is read in full, released or closed; `retry` (None: one attempt) retries it;
@@ -60,7 +63,9 @@ def limited_middleware(
     (`weight=openai_tokens` prices an OpenAI-style body); a weight over the limit is capped.
     `deadline_header` (None: off) sends what is left of a call's deadline, in milliseconds,
     on each attempt (e.g. "x-envoy-expected-rq-timeout-ms"). The default flow, ROUTE_FLOW,
-    is that of the request being handled when the call is made."""
+    is that of the request being handled when the call is made. On a limit with a rate budget
+    or an engine signal, each call also reserves `tokens` (None: its weight; as `weight`,
+    `openai_tokens` prices the body), settled from the usage its response body reports."""
     return LimitedMiddleware(
         limit,
         retry=retry,
@@ -69,6 +74,7 @@ def limited_middleware(
         weight=weight,
         flow=flow,
         deadline_header=deadline_header,
+        tokens=tokens,
     )
 
 
@@ -88,6 +94,7 @@ class LimitedMiddleware(CallsView):
         weight: RequestWeight = 1,
         flow: RequestFlow = ROUTE_FLOW,
         deadline_header: str | None = None,
+        tokens: RequestWeight | None = None,
     ) -> None:
         self.calls: LimitedCalls[_Call, ClientResponse] = LimitedCalls(
             limit,
@@ -98,6 +105,7 @@ class LimitedMiddleware(CallsView):
             weight=weight,
             flow=flow,
             deadline_header=deadline_header,
+            tokens=tokens,
         )
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
@@ -124,6 +132,9 @@ class _AiohttpExchange:
 
     def header(self, response: ClientResponse, name: str) -> str | None:
         return response.headers.get(name)
+
+    def headers(self, response: ClientResponse) -> Mapping[str, str]:
+        return response.headers
 
     def set_header(self, request: _Call, name: str, value: str) -> None:
         request.request.headers[name] = value
@@ -155,7 +166,11 @@ class _AiohttpExchange:
         self, response: ClientResponse, slot: Slot, deadline: BodyDeadline | None
     ) -> ClientResponse:
         connection = response.connection
+        if slot.settlement is not None:
+            _meter_body(response, slot.settlement)
         if connection is None:  # no body to read (or it was read already): nothing to hold
+            if slot.settlement is not None and response.content.is_eof():
+                slot.settlement.end()  # the whole body came with the headers
             slot.release()
             return response
         _HeldSlot(response, slot, connection)
@@ -199,6 +214,11 @@ class _HeldSlot:
         if self._closed is not None:
             self._closed.remove_done_callback(self._lost)
         response = self._response()
+        settlement = self._slot.settlement
+        if settlement is not None and response is not None:
+            _METERED.pop(id(response.content), None)
+            if response.content.is_eof():  # read in full: its usage settles it
+                settlement.end()
         # Released by aiohttp's finalizer (the response dropped, not closed): left to the leak
         # guard, which gives it back unmeasured and says where the response was made.
         if response is not None and response.closed:
@@ -206,6 +226,40 @@ class _HeldSlot:
 
     def _lost(self, _closed: asyncio.Future[None]) -> None:
         self._slot.release(measured=False)
+
+
+class _MeteredReader(StreamReader):
+    """A response body reader that shows each piece arriving to the attempt's settlement: a
+    response's own reader gets this class once handed over (the same layout, no new slot)."""
+
+    __slots__ = ()
+
+    def feed_data(self, data: bytes, *args: int) -> bool:
+        settlement = _METERED.get(id(self))
+        if settlement is not None:
+            settlement.feed(data)
+        return super().feed_data(data, *args)
+
+
+# The settlement each metered reader feeds, by the reader's id (a reader has no __weakref__):
+# removed when the response's connection is released; a response dropped unclosed leaves a
+# closed settlement here, which reads nothing more.
+_METERED: dict[int, Settlement] = {}
+
+
+def _meter_body(response: ClientResponse, settlement: Settlement) -> None:
+    """Feed `settlement` the body of `response` as it arrives: what came with the headers now,
+    the rest as aiohttp receives it. A reader of another kind (none: no body) is left alone
+    (the call is charged in full unless it ends at once)."""
+    settlement.start(response.headers.get("content-type"))
+    content = response.content
+    if type(content) is not StreamReader:
+        return
+    for piece in getattr(content, "_buffer", ()):  # aiohttp's own, as of 3.12 to 3.14
+        settlement.feed(bytes(piece))
+    if not content.is_eof():
+        _METERED[id(content)] = settlement
+        content.__class__ = _MeteredReader
 
 
 def _unpin(response: ClientResponse) -> None:

@@ -14,6 +14,9 @@ full or it is closed). Everything else happens here:
 - a retry happens only after the server's Retry-After, within `max_attempts`, the deadline
   and the retry budget; a denied retry ends the call with its last response (or error);
 - with a `deadline_header`, each attempt tells the server what is left of the deadline;
+- on a limit with an upstream, each attempt also takes the call's token estimate with its slot,
+  settled from the usage its body reports as it is read (else charged in full), and every
+  response's rate-limit headers are told to the budget (upstream.py);
 - cancellation anywhere (waiting for a slot, in an attempt, reading a discarded body, backing
   off) gives back what is held and propagates: it is never retried.
 """
@@ -22,9 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from time import perf_counter
 from typing import Any, Generic, Protocol, TypeVar
 
 from opentelemetry.metrics import MeterProvider
@@ -32,7 +34,8 @@ from opentelemetry.metrics import MeterProvider
 from ..deadline import deadline_remaining
 from ..flow import ROUTE_FLOW
 from ..limits import Limit
-from ..limits.adaptive import AdaptiveController, AdaptiveLimiter
+from ..limits.adaptive import AdaptiveController
+from ..upstream_view import has_upstream
 from .adaptive import AdaptiveConfig, adaptive_limiter
 from .budget import RetryBudget
 from .deadline_header import check_deadline_header, milliseconds_left
@@ -47,6 +50,8 @@ from .retry import (
     retry_after_seconds,
     server_says_retry,
 )
+from .slot import Slot
+from .upstream import report_headers, take
 from .weights import CallAsk, RequestFlow, RequestWeight
 
 __all__ = ["BodyDeadline", "CallsView", "DeadlineExceeded", "Exchange", "LimitedCalls", "Slot"]
@@ -87,42 +92,6 @@ class BodyDeadline:
     error: Callable[[], DeadlineExceeded]
 
 
-class Slot:
-    """The `weight` of the limit one attempt holds, in `flow`. `release()` gives back that
-    weight in that flow the first time (later calls do nothing), first telling the adaptive
-    limiter how long the attempt held it and whether it ended in overload."""
-
-    __slots__ = ("_limit", "_limiter", "_started", "flow", "held", "overload", "weight")
-
-    def __init__(
-        self,
-        limit: Limit,
-        limiter: AdaptiveLimiter | None,
-        weight: int = 1,
-        flow: Hashable = None,
-    ) -> None:
-        self._limit = limit
-        self._limiter = limiter
-        self.weight = weight
-        self.flow = flow
-        self._started = perf_counter() if limiter is not None else 0.0
-        self.held = True
-        self.overload = False  # set from the attempt's outcome, read at release
-
-    def release(self, *, measured: bool = True) -> None:
-        """Give the slot back (once); `measured=False`: the attempt is no latency sample (it
-        was cancelled or cut off by the deadline)."""
-        if not self.held:
-            return
-        self.held = False
-        try:
-            limiter = self._limiter
-            if limiter is not None and measured:
-                limiter.record(self._started, perf_counter(), self.overload)
-        finally:
-            self._limit.release(self.weight, self.flow)
-
-
 class Exchange(Protocol[_Request, ResponseT]):
     """What a transport adapter translates for the call loop."""
 
@@ -139,6 +108,8 @@ class Exchange(Protocol[_Request, ResponseT]):
     def status(self, response: ResponseT) -> int: ...
 
     def header(self, response: ResponseT, name: str) -> str | None: ...
+
+    def headers(self, response: ResponseT) -> Mapping[str, str]: ...
 
     def set_header(self, request: _Request, name: str, value: str) -> None:
         """Set (replace) a header of the request, before an attempt sends it."""
@@ -205,6 +176,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
         weight: RequestWeight = 1,
         flow: RequestFlow = ROUTE_FLOW,
         deadline_header: str | None = None,
+        tokens: RequestWeight | None = None,
     ) -> None:
         if not all(hasattr(limit, name) for name in ("acquire", "try_acquire", "release")):
             raise TypeError(
@@ -215,7 +187,7 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
             raise TypeError(f"retry must be a RetryPolicy or None, got {retry!r}")
         self.limit = limit
         self.retry = retry
-        self.ask = CallAsk(limit, weight, flow)
+        self.ask = CallAsk(limit, weight, flow, tokens)
         self.deadline_header = check_deadline_header(type(self).__name__, deadline_header)
         self._exchange = exchange
         self.limiter, self._overload = adaptive_limiter(limit, adaptive)
@@ -244,14 +216,16 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
     async def call(self, request: RequestT) -> ResponseT:
         """Send `request`, retried as the policy says; the last response, unchanged, holding
         its slot until its body is read in full or it is closed."""
-        weight, flow = self.ask.of(self._exchange.subject(request))
+        subject = self._exchange.subject(request)
+        weight, flow = self.ask.of(subject)
+        tokens = self.ask.tokens_of(subject, weight) if has_upstream(self.limit) else None
         policy = self.retry
         deadline = CallDeadline.of(None if policy is None else policy.deadline_seconds)
         if self._budget is not None:
             self._budget.first_attempt()
         attempt = 1
         while True:
-            slot = await self._take_slot(request, deadline, weight, flow)
+            slot = await self._take_slot(request, deadline, weight, flow, tokens)
             try:
                 response = await self._send(request, deadline)
             except Exception as error:
@@ -269,21 +243,30 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
             attempt += 1
 
     async def _take_slot(
-        self, request: RequestT, deadline: CallDeadline | None, weight: int, flow: Hashable
+        self,
+        request: RequestT,
+        deadline: CallDeadline | None,
+        weight: int,
+        flow: Hashable,
+        tokens: int | None,
     ) -> Slot:
         limit = self.limit
         weight = self.ask.capped_weight(weight)  # by the limit's size now: it may move
-        if deadline is None:
+        if deadline is None and tokens is None:  # the common path, as cheap as it was
             await limit.acquire(weight, flow)
-        else:
-            timeout = asyncio.timeout_at(deadline.at)
-            try:
-                async with timeout:
-                    await limit.acquire(weight, flow)  # cut off, it leaves the queue
-            except TimeoutError:
-                if timeout.expired():
-                    raise self._deadline_error(request, deadline.seconds) from None
-                raise  # the limit's own timeout
+            return Slot(limit, self.limiter, weight, flow)
+        timeout = asyncio.timeout_at(None if deadline is None else deadline.at)
+        try:
+            async with timeout:  # cut off, it leaves the queue
+                if tokens is None:
+                    await limit.acquire(weight, flow)
+                else:
+                    settlement = await take(limit, weight, flow, tokens)
+                    return Slot(limit, self.limiter, weight, flow, settlement)
+        except TimeoutError:
+            if deadline is not None and timeout.expired():
+                raise self._deadline_error(request, deadline.seconds) from None
+            raise  # the limit's own timeout
         return Slot(limit, self.limiter, weight, flow)
 
     async def _send(self, request: RequestT, deadline: CallDeadline | None) -> ResponseT:
@@ -348,6 +331,8 @@ class LimitedCalls(Generic[RequestT, ResponseT]):
         exchange = self._exchange
         status = exchange.status(response)
         slot.overload = status in self._overload
+        if slot.settlement is not None:  # the provider's word on what remains, on every answer
+            report_headers(self.limit, exchange.headers(response))
         policy = self.retry
         if policy is None:
             return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 from opentelemetry.metrics import MeterProvider
 
@@ -52,7 +52,9 @@ class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
     (`weight=openai_tokens` prices an OpenAI-style body); a weight over the limit is capped.
     `deadline_header` (None: off) sends what is left of a call's deadline, in milliseconds,
     on each attempt (e.g. "x-envoy-expected-rq-timeout-ms"). The default flow, ROUTE_FLOW,
-    is that of the request being handled when the call is made."""
+    is that of the request being handled when the call is made. On a limit with a rate budget
+    or an engine signal, each call also reserves `tokens` (None: its weight; as `weight`,
+    `openai_tokens` prices the body), settled from the usage its response body reports."""
 
     def __init__(
         self,
@@ -65,6 +67,7 @@ class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
         weight: RequestWeight = 1,
         flow: RequestFlow = ROUTE_FLOW,
         deadline_header: str | None = None,
+        tokens: RequestWeight | None = None,
     ) -> None:
         self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
         self._exchange = _HttpxExchange(self.transport)
@@ -77,6 +80,7 @@ class LimitedTransport(CallsView, httpx.AsyncBaseTransport):
             weight=weight,
             flow=flow,
             deadline_header=deadline_header,
+            tokens=tokens,
         )
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -116,6 +120,9 @@ class _HttpxExchange:
         value: str | None = response.headers.get(name)
         return value
 
+    def headers(self, response: httpx.Response) -> Mapping[str, str]:
+        return response.headers
+
     def set_header(self, request: httpx.Request, name: str, value: str) -> None:
         request.headers[name] = value
 
@@ -148,6 +155,9 @@ class _HttpxExchange:
     ) -> httpx.Response:
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream), "an async transport's response"
+        if slot.settlement is not None:
+            headers = response.headers
+            slot.settlement.start(headers.get("content-type"), headers.get("content-encoding"))
         response.stream = held = _SlotStream(stream, slot, deadline)
         self.streams.add(held)
         # Dropped unclosed: the slot and the pooled connection come back when it is collected.
@@ -180,12 +190,17 @@ class _SlotStream(httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         deadline = self._deadline
         chunks = self._stream if deadline is None else _within(self._stream, deadline)
+        settlement = self._slot.settlement
         try:
             async for chunk in chunks:
+                if settlement is not None:
+                    settlement.feed(chunk)
                 yield chunk
         except BaseException:  # a broken or cancelled read: the caller may never close it
-            self._slot.release(measured=False)
+            self._slot.release(measured=False)  # charged in full if it had a budget
             raise
+        if settlement is not None:  # read in full: its usage settles it
+            settlement.end()
         self._slot.release()
 
     async def aclose(self) -> None:

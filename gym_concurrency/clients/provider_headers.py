@@ -30,9 +30,12 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from ..limits.rate_budget import BudgetName, RateBudget
+from ..limits.rate_budget import BudgetName
+
+if TYPE_CHECKING:
+    from ..upstream_view import UpstreamBudget
 
 __all__ = [
     "ProviderReading",
@@ -122,7 +125,9 @@ def provider_readings(
     return tuple(readings)
 
 
-def report_readings(budget: RateBudget, readings: Iterable[ProviderReading], *, now: float) -> int:
+def report_readings(
+    budget: UpstreamBudget, readings: Iterable[ProviderReading], *, now: float
+) -> int:
     """Tell `budget` each reading that says both what remains and when it resets (`now`: the
     budget's clock, so the reset is `now + reset_seconds`); how many were told."""
     told = 0

@@ -8,6 +8,10 @@ handled when the call is made (gym_concurrency.flow), the default flow outside o
 taken as the request pricer) prices an OpenAI-style JSON body in tokens. A callable flow is
 always a function: to use a callable object itself as the flow, wrap it in a lambda.
 
+On a limit with an upstream budget, `tokens` (the same forms as `weight`; None: the weight
+itself) is the call's estimate, reserved with its slot and never capped here (the budget caps
+it at a minute's).
+
 Each attempt takes its weight, capped at the limit's size then (a call heavier than the whole
 limit could never be admitted): a capped attempt is counted, and the first is logged.
 """
@@ -39,14 +43,20 @@ class CallAsk:
     """The weight and flow of a client's calls, checked when the client is made; `of(request)`
     reads one call's, `capped_weight(weight)` caps an attempt's at the limit's size now."""
 
-    __slots__ = ("_flow", "_flow_of", "_limit", "_weight", "_weight_of", "capped")
+    __slots__ = ("_flow", "_flow_of", "_limit", "_tokens", "_weight", "_weight_of", "capped")
 
     def __init__(
-        self, limit: Limit, weight: RequestWeight = 1, flow: RequestFlow = ROUTE_FLOW
+        self,
+        limit: Limit,
+        weight: RequestWeight = 1,
+        flow: RequestFlow = ROUTE_FLOW,
+        tokens: RequestWeight | None = None,
     ) -> None:
         self._limit = limit
-        if weight is tokens.openai_tokens:  # it prices a parsed body: price the request's
-            weight = bodies.openai_tokens
+        weight = _pricer(weight)
+        self._tokens = None if tokens is None else _pricer(tokens)
+        if self._tokens is not None and not callable(self._tokens):
+            _checked_weight(self._tokens)
         self._weight_of: Callable[[Any], int] | None = None
         self._weight = 1
         if callable(weight):
@@ -75,6 +85,16 @@ class CallAsk:
             flow = request_flow()
         return weight, flow
 
+    def tokens_of(self, request: Any, weight: int) -> int:
+        """The token estimate of the call sending `request`, whose weight is `weight` (its
+        own, before any cap): the `tokens` rule's, else the weight."""
+        rule = self._tokens
+        if rule is None:
+            return weight
+        if callable(rule):
+            return _checked_weight(rule(request), rule, request)
+        return rule
+
     def capped_weight(self, weight: int) -> int:
         """`weight`, or the limit's size now if it is less (at least 1): counted, and the
         first capped attempt of this client is logged."""
@@ -98,6 +118,12 @@ class CallAsk:
         weight = self._weight_of or self._weight
         flow = self._flow_of or self._flow
         return f"<CallAsk weight={weight!r} flow={flow!r}>"
+
+
+def _pricer(weight: RequestWeight) -> RequestWeight:
+    """`weight`, or for gym_concurrency.tokens.openai_tokens (which prices a parsed body) the
+    pricer of a request's body."""
+    return bodies.openai_tokens if weight is tokens.openai_tokens else weight
 
 
 def _checked_weight(

@@ -50,6 +50,7 @@ from .names import (
     check_shared_route_limits,
 )
 from .numbers import NumbersAreNumbers, number
+from .upstream import EngineSignalSettings, UpstreamFields
 
 __all__ = [
     "DEFAULT_MAX_QUEUED_BODY_BYTES",
@@ -59,6 +60,7 @@ __all__ = [
     "ClientLimit",
     "ClientRetry",
     "ConcurrencySettings",
+    "EngineSignalSettings",
     "FailureProfile",
     "OperationLimit",
     "RouteLimit",
@@ -127,11 +129,12 @@ def _check_adaptive_start(adaptive: AdaptiveLimit | None, max_concurrent: int) -
         )
 
 
-class RouteLimit(NumbersAreNumbers):
+class RouteLimit(UpstreamFields):
     """A concurrency limit on one route (its declared path template), optionally per method.
 
     Routes naming the same `limit_name` share one limit, so they must agree on its size,
-    queue timeout and queue bound.
+    queue timeout and queue bound. Budgets and `engine`: UpstreamFields; `tokens` is what a
+    request reserves of them, read as `weight` is (None: the weight's rule).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -157,6 +160,7 @@ class RouteLimit(NumbersAreNumbers):
     deadline: DeadlineSource | None = None
     flow: FlowSource | None = None
     weight: WeightSource = 1
+    tokens: WeightSource | None = None
     default_output_tokens: int = Field(default=DEFAULT_OUTPUT_TOKENS, ge=1)
     backfill_seconds: Annotated[_Backfill, Fixed] = 0.0
 
@@ -172,6 +176,7 @@ class RouteLimit(NumbersAreNumbers):
     def _starts_within_its_adaptive_bounds(self) -> Self:
         _check_adaptive_start(self.adaptive, self.max_concurrent)
         check_ask(self.path, self.flow, self.weight, self.max_concurrent)
+        self.check_upstream(self.tokens)
         return self
 
     @field_validator("path")
@@ -207,9 +212,10 @@ class RouteLimit(NumbersAreNumbers):
         return methods
 
 
-class OperationLimit(NumbersAreNumbers):
+class OperationLimit(UpstreamFields):
     """A concurrency limit on work done inside routes (verifier, judge, tool), used through
-    `operation_limit(limit_name)`; `timeout_seconds` bounds the wait for a slot."""
+    `operation_limit(limit_name)`; `timeout_seconds` bounds the wait for a slot. Budgets and
+    `engine`: UpstreamFields; `tokens`: what each operation reserves (None: its weight)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -221,6 +227,12 @@ class OperationLimit(NumbersAreNumbers):
     scope: Annotated[LimitScope, Fixed] = "process"  # as RouteLimit.scope
     local_max_concurrent: Annotated[int | None, Fixed] = Field(default=None, ge=1)  # as Route's
     backfill_seconds: Annotated[_Backfill, Fixed] = 0.0  # as RouteLimit's
+    tokens: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _upstream(self) -> Self:
+        self.check_upstream(self.tokens)
+        return self
 
     @field_validator("operation")
     @classmethod
@@ -262,13 +274,15 @@ class ClientRetry(NumbersAreNumbers):
         return RetryPolicy(**self.model_dump())
 
 
-class ClientLimit(NumbersAreNumbers):
+class ClientLimit(UpstreamFields):
     """A concurrency limit on the calls this server makes to one upstream (a judge, a model, a
     tool): every attempt takes a slot (docs/clients.md). `timeout_seconds` / `max_queue` bound
     the wait for a slot; `retry` (None: one attempt per call) retries the calls; `adaptive`
     moves the limit from the upstream's answers, starting at `max_concurrent`; `flow` and
     `weight`: what each call asks for, unless the code making the client says;
-    `deadline_header` (None: off) sends each attempt what is left of the call's deadline."""
+    `deadline_header` (None: off) sends each attempt what is left of the call's deadline.
+    Budgets and `engine`: UpstreamFields; `tokens`: what a call reserves of them (None: the
+    weight's rule), settled from its response's usage."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -279,6 +293,7 @@ class ClientLimit(NumbersAreNumbers):
     # "route": a call goes in the flow of the request being handled (docs/clients.md).
     flow: ClientFlowSource = "route"
     weight: ClientWeightSource = 1
+    tokens: ClientWeightSource | None = None
     retry: ClientRetry | None = Field(default_factory=ClientRetry)
     # Fixed: its controller lives in every transport made from it (moving it: a restart).
     adaptive: Annotated[AdaptiveLimit | None, Fixed] = None
@@ -291,6 +306,7 @@ class ClientLimit(NumbersAreNumbers):
     def _starts_within_its_adaptive_bounds(self) -> Self:
         _check_adaptive_start(self.adaptive, self.max_concurrent)
         check_client_ask(self.weight, self.max_concurrent)
+        self.check_upstream(self.tokens)
         return self
 
 
