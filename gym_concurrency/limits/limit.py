@@ -65,9 +65,8 @@ LimitScope = Literal["process", "global"]
 
 UPSTREAM_REFUSALS: tuple[Refusal, ...] = ("budget", "saturated")
 """The refusals only a limit with an upstream (a rate budget, an engine signal) makes."""
-REFUSALS: tuple[Refusal, ...] = tuple(r for r in get_args(Refusal) if r not in UPSTREAM_REFUSALS)
-"""The refusals any limit makes (a route prepares an answer for each); a limit with an
-upstream makes UPSTREAM_REFUSALS too."""
+REFUSALS: tuple[Refusal, ...] = get_args(Refusal)
+"""Every refusal (a route prepares an answer for each); UPSTREAM_REFUSALS among them."""
 
 
 class DeadlineExceededError(TimeoutError):

@@ -16,9 +16,6 @@ from gym_concurrency.middleware.limits import ConcurrencyLimits
 
 from benchmarks._fake_provider import FakeProvider
 from tests.servers import UvicornServer
-from tests.upstream_core import with_core
-
-pytestmark = with_core
 
 PATH = "/v1/chat/completions"
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "x" * 396}], "max_tokens": 300}

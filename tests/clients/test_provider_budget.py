@@ -19,11 +19,9 @@ import pytest
 from benchmarks._fake_provider import FakeProvider
 from gym_concurrency import MeteredSemaphore
 from gym_concurrency.clients import LimitedTransport, limited_middleware, openai_tokens
+from gym_concurrency.limits import UpstreamCapacityError
 from gym_concurrency.limits.rate_budget import BudgetStatistics, RateBudget
 from tests.servers import UvicornServer
-
-pytest.importorskip("gym_concurrency.limits.upstream")  # the core's upstream admission
-from gym_concurrency.limits import UpstreamCapacityError
 
 PATH = "/v1/chat/completions"
 PROMPT = [{"role": "user", "content": "x" * 396}]  # 100 tokens, as both sides price it

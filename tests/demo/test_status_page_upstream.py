@@ -17,9 +17,6 @@ from starlette.routing import Route
 
 from gym_concurrency import MeteredSemaphore
 from gym_concurrency.limits.rate_budget import RateBudget
-from tests.upstream_core import with_core
-
-pytestmark = with_core
 
 COMPONENT = f"page-upstream-{uuid.uuid4().hex[:8]}"
 UPSTREAM_LINES = f"""[...document.querySelectorAll('.limit')]

@@ -10,10 +10,6 @@ from gym_concurrency.middleware import ConcurrencySettings, OperationLimit
 from gym_concurrency.middleware.dependencies import OperationHandle
 from gym_concurrency.middleware.limits import ConcurrencyLimits
 
-from tests.upstream_core import with_core
-
-pytestmark = with_core
-
 
 def handle(component: str) -> OperationHandle:
     judge = OperationLimit(

@@ -28,8 +28,6 @@ from tests.metrics_capture import MetricsCapture
 from tests.registry import limits_of
 from tests.servers import UvicornServer, wait_until
 
-pytest.importorskip("gym_concurrency.limits.upstream")  # the core's upstream admission
-
 PATH = "/v1/chat/completions"
 PROMPT = "x" * 396  # 100 tokens of prompt at 4 characters a token
 

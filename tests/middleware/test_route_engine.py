@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-import pytest
 from fastapi import FastAPI
 from gym_concurrency.middleware import (
     ConcurrencyLimitMiddleware,
@@ -22,8 +21,6 @@ from tests.engines.engine_process import fake_engine
 from tests.metrics_capture import MetricsCapture
 from tests.registry import limits_of
 from tests.servers import UvicornServer, free_port, wait_until
-
-pytest.importorskip("gym_concurrency.limits.upstream")  # the core's upstream admission
 
 PATH = "/v1/chat/completions"
 

@@ -14,10 +14,6 @@ import pytest
 from gym_concurrency.middleware import RouteLimit
 from gym_concurrency.middleware.failures import RouteFailures
 
-from tests.upstream_core import with_core
-
-pytestmark = with_core  # the refusals "budget" and "saturated" are the core's
-
 DOC = Path(__file__).parents[2] / "docs" / "failure-responses.md"
 
 

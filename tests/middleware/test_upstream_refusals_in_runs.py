@@ -21,9 +21,6 @@ from gym_concurrency.middleware.nemo_gym import (
 
 from gym_concurrency import MeteredSemaphore
 from gym_concurrency.limits.rate_budget import RateBudget
-from tests.upstream_core import with_core
-
-pytestmark = with_core
 
 
 async def refused(component: str, failure: str) -> RefusalMet:

@@ -19,8 +19,6 @@ from gym_concurrency.middleware import (
 from gym_concurrency.middleware.limits import ConcurrencyLimits
 from pydantic import ValidationError
 
-from tests.upstream_core import with_core
-
 ENGINE = {"url": "http://127.0.0.1:9/metrics", "waiting_max": 4}
 ROUTE = {"path": "/v1/chat/completions", "limit_name": "chat", "max_concurrent": 4}
 OPERATION = {"limit_name": "judge", "operation": "judge", "executor": "inline", "max_concurrent": 4}
@@ -91,7 +89,6 @@ def limits(component: str, previous: ConcurrencyLimits | None = None, **route: A
     return ConcurrencyLimits(settings, previous=previous)
 
 
-@with_core
 async def test_the_limits_made_carry_the_budget_and_the_signal() -> None:
     made = limits("made upstream", tokens_per_minute=1000, budget_shape="bucket", engine=ENGINE)
     limit = made.routes[0].limit
@@ -103,7 +100,6 @@ async def test_the_limits_made_carry_the_budget_and_the_signal() -> None:
     await limit.engine.aclose()
 
 
-@with_core
 async def test_a_reload_resizes_a_budget_and_says_so() -> None:
     first = limits("resized budget", tokens_per_minute=1000, requests_per_minute=10)
     second = limits("resized budget", first, tokens_per_minute=2000, requests_per_minute=10)
@@ -113,7 +109,6 @@ async def test_a_reload_resizes_a_budget_and_says_so() -> None:
     assert limit.budget.limits == {"tokens": 2000, "requests": 10}
 
 
-@with_core
 @pytest.mark.parametrize(
     ("before", "after", "named"),
     [
