@@ -5,7 +5,7 @@ object: when its first call was sent and its last one answered (monotonic), the 
 completed and failed, their latencies, the limit's counters at the end.
 
     taskset -c 1 python -m benchmarks._engine_client --url http://127.0.0.1:P --settings JSON
-        [--requests 250] [--expect engine] [--timeout 120]
+        [--requests 250] [--expect engine] [--source TREE] [--timeout 120]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from benchmarks._goal_client_limit import client_limit, limit_figures, released
+from benchmarks._source import PROJECT_ROOT, loaded_files, use_source_tree
 
 BODY = json.dumps(
     {"model": "fake", "messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 100}
@@ -26,6 +26,8 @@ BODY = json.dumps(
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    from benchmarks._goal_client_limit import client_limit, limit_figures, released
+
     expect = [part for part in args.expect.split(",") if part]
     latencies: list[float] = []
     failed: Counter[str] = Counter()
@@ -78,13 +80,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=250)
     parser.add_argument("--timeout", type=float, default=120.0, help="s, for the whole burst")
     parser.add_argument("--expect", default="", help="budget,engine: what the limit must have")
+    parser.add_argument("--source", default=str(PROJECT_ROOT), help="the tree to measure")
     args = parser.parse_args()
     if not args.url.startswith("http://127.0.0.1:"):
         sys.exit("--url must be on 127.0.0.1")
     if not 1 <= args.requests <= 10_000 or not 0 < args.timeout <= 600:
         sys.exit("--requests must be in [1, 10000] and --timeout in (0, 600]")
     # asyncio's own loop: its time() is time.monotonic(), the clock an engine signal reads.
+    root = use_source_tree(args.source)
     result = asyncio.run(run(args))
+    loaded_files(root)  # fails if any gym_concurrency module came from elsewhere
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
 

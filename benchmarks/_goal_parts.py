@@ -160,8 +160,9 @@ def run_clients(processes: list[subprocess.Popen[str]], timeout: float) -> list[
 
 
 def missing_wiring(fields: tuple[str, ...]) -> list[str]:
-    """What of issue 35's wiring this tree lacks for a configuration whose ClientLimit sets
-    `fields` (empty: all there). Never raises for an older tree."""
+    """What of issue 35's wiring the tree measured (this one, or `use_source_tree`'s) lacks
+    for a configuration whose ClientLimit sets `fields` (empty: all there). Never raises for
+    an older tree."""
     from gym_concurrency.middleware import ClientLimit
 
     missing = [] if importlib.util.find_spec(UPSTREAM_MODULE) else [UPSTREAM_MODULE]

@@ -12,6 +12,7 @@ call. Prints one JSON object: calls completed and failed, the latency of each co
 
     taskset -c 1 python -m benchmarks._rate_budget_client --url http://127.0.0.1:P
         --settings JSON --seconds 300 [--callers 8] [--seed 1] [--expect budget]
+        [--source TREE]
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from benchmarks._goal_client_limit import client_limit, limit_figures, released
+from benchmarks._source import PROJECT_ROOT, loaded_files, use_source_tree
 from benchmarks._tokens_client import body_of, log_uniform
 
 __all__ = ["call_sizes"]
@@ -40,6 +41,8 @@ def call_sizes(seed: int, low: int, high: int) -> Iterator[int]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    from benchmarks._goal_client_limit import client_limit, limit_figures, released
+
     expect = [part for part in args.expect.split(",") if part]
     sizes = call_sizes(args.seed, args.min_tokens, args.max_tokens)
     completed: list[tuple[float, int]] = []  # (latency s, size)
@@ -93,13 +96,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--expect", default="", help="budget,engine: what the limit must have")
+    parser.add_argument("--source", default=str(PROJECT_ROOT), help="the tree to measure")
     args = parser.parse_args()
     if not args.url.startswith("http://127.0.0.1:"):
         sys.exit("--url must be on 127.0.0.1")
     if not 0 < args.seconds <= 1800 or not 1 <= args.callers <= 1000:
         sys.exit("--seconds must be in (0, 1800] and --callers in [1, 1000]")
     # asyncio's own loop: its time() is time.monotonic(), the clock a rate budget reads.
+    root = use_source_tree(args.source)
     result = asyncio.run(run(args))
+    loaded_files(root)  # fails if any gym_concurrency module came from elsewhere
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
 

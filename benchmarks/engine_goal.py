@@ -25,7 +25,10 @@ exact maximum), batch utilisation = the engine's busy_seconds (running / batch, 
 what is missing.
 
     .venvs/3.11/bin/python -m benchmarks.engine_goal [--configs fixed,aimd,gradient,engine]
-        [--rounds 3] [--requests 1000] [--label NAME] [--quick]
+        [--rounds 3] [--requests 1000] [--label NAME] [--source TREE] [--quick]
+
+`--source TREE` measures another checkout's library (a merge of issue 35's branches, say)
+without installing it (benchmarks/_source.py); the clients check that nothing else loaded.
 
 Writes results/engine-goal-LABEL.json (raw) and .summary.json; prints a Markdown table.
 127.0.0.1 only; every burst bounded by --timeout.
@@ -56,7 +59,7 @@ from benchmarks._goal_parts import (
     start_clients,
     wiring_error,
 )
-from benchmarks._source import PROJECT_ROOT, describe_tree
+from benchmarks._source import PROJECT_ROOT, describe_tree, use_source_tree
 from benchmarks.overload import load_average
 
 RESULTS = PROJECT_ROOT / "benchmarks" / "results"
@@ -119,7 +122,7 @@ def cell(args: argparse.Namespace, config: str) -> dict[str, Any]:
         share, extra = divmod(args.requests, args.processes)
         common = ["--url", engine.url, "--settings", settings]
         common += ["--timeout", str(args.timeout)]
-        common += ["--expect", "engine" if config == "engine" else ""]
+        common += ["--source", args.source, "--expect", "engine" if config == "engine" else ""]
         argv = [[*common, "--requests", str(share + (i < extra))] for i in range(args.processes)]
         processes = start_clients(args.python, "benchmarks._engine_client", argv)
         release(processes, STARTUP_S)
@@ -224,6 +227,7 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--scrape-ms", type=float, default=50.0, help="this run's own scrapes")
     parser.add_argument("--timeout", type=float, default=120.0, help="s, a burst at most")
     parser.add_argument("--label", default="run")
+    parser.add_argument("--source", default=str(PROJECT_ROOT), help="the tree to measure")
     parser.add_argument("--quick", action="store_true", help="1 round of 200 requests")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--json", default=None, help="default: results/engine-goal-LABEL.json")
@@ -247,6 +251,7 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
 
 def main() -> None:
     args, configs = parse()
+    args.source = str(use_source_tree(args.source))  # the probe below reads that tree too
     if "engine" in configs and (missing := missing_wiring(("engine",))):
         sys.exit(wiring_error("engine", missing))
     started, load_start = time.monotonic(), load_average()
@@ -270,7 +275,7 @@ def main() -> None:
         "label": args.label,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "python": sys.version.split()[0],
-        "source": describe_tree(PROJECT_ROOT),
+        "source": describe_tree(Path(args.source)),
         "settings": {
             k: getattr(args, k)
             for k in (

@@ -24,7 +24,10 @@ The budget configurations need issue 35's wiring: without it they stop before an
 starts, saying what is missing.
 
     .venvs/3.11/bin/python -m benchmarks.rate_budget_goal [--configs fixed,aimd,budget-global,
-        budget-local] [--seconds 300] [--rounds 1] [--label NAME] [--quick]
+        budget-local] [--seconds 300] [--rounds 1] [--label NAME] [--source TREE] [--quick]
+
+`--source TREE` measures another checkout's library (a merge of issue 35's branches, say)
+without installing it (benchmarks/_source.py); the clients check that nothing else loaded.
 
 Writes results/rate-budget-goal-LABEL.json (raw) and .summary.json; prints a Markdown table.
 127.0.0.1 only; every run bounded by --seconds.
@@ -55,7 +58,7 @@ from benchmarks._goal_parts import (
     wiring_error,
 )
 from benchmarks._shared_cost_redis import LocalRedis
-from benchmarks._source import PROJECT_ROOT, describe_tree
+from benchmarks._source import PROJECT_ROOT, describe_tree, use_source_tree
 from benchmarks.overload import load_average
 
 RESULTS = PROJECT_ROOT / "benchmarks" / "results"
@@ -101,7 +104,12 @@ def cell(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any]:
         settings = json.dumps(settings_for(config, args, redis.url if redis else None))
         common = ["--url", provider.url, "--settings", settings]
         common += ["--seconds", str(args.seconds), "--callers", str(args.callers)]
-        common += ["--expect", "budget" if config.startswith("budget") else ""]
+        common += [
+            "--source",
+            args.source,
+            "--expect",
+            "budget" if config.startswith("budget") else "",
+        ]
         argv = [[*common, "--seed", str(seed * 100 + i)] for i in range(args.processes)]
         processes = start_clients(args.python, "benchmarks._rate_budget_client", argv)
         start = release(processes, STARTUP_S)
@@ -227,6 +235,7 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--base-ms", type=float, default=200.0, help="the provider's service")
     parser.add_argument("--us-per-token", type=float, default=50.0, help="and per token")
     parser.add_argument("--label", default="run")
+    parser.add_argument("--source", default=str(PROJECT_ROOT), help="the tree to measure")
     parser.add_argument("--quick", action="store_true", help="a 10 s smoke run")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--json", default=None, help="default: results/rate-budget-goal-LABEL.json")
@@ -246,6 +255,7 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
 
 def main() -> None:
     args, configs = parse()
+    args.source = str(use_source_tree(args.source))  # the probe below reads that tree too
     errors = [
         wiring_error(c, missing)
         for c in configs
@@ -274,7 +284,7 @@ def main() -> None:
         "label": args.label,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "python": sys.version.split()[0],
-        "source": describe_tree(PROJECT_ROOT),
+        "source": describe_tree(Path(args.source)),
         "settings": {
             k: getattr(args, k)
             for k in ("seconds", "rounds", "processes", "callers", "slots", "tpm", "rpm")
