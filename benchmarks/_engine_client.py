@@ -1,11 +1,13 @@
 """One client process of benchmarks/engine_goal.py: its share of a burst, `--requests` chat
 completion calls to the fake engine made all at once, at the moment the driver gives
-(`_goal_client_limit.released`), through one configured client limit (httpx). Prints one JSON
+(`_goal_client_limit.released`), through one configured client limit (httpx). Its connection
+pool is opened first (`--warm` connections): a server's pool is warm, and 250 connections
+opened at once by a process on a shared core would stretch the burst's start. Prints one JSON
 object: when its first call was sent and its last one answered (monotonic), the calls
 completed and failed, their latencies, the limit's counters at the end.
 
     taskset -c 1 python -m benchmarks._engine_client --url http://127.0.0.1:P --settings JSON
-        [--requests 250] [--expect engine] [--source TREE] [--timeout 120]
+        [--requests 250] [--warm 128] [--expect engine] [--source TREE] [--timeout 120]
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     expect = [part for part in args.expect.split(",") if part]
     latencies: list[float] = []
     failed: Counter[str] = Counter()
-    async with client_limit(args.settings, args.url, expect) as (client, limit):
+    warm = min(args.requests, args.warm)
+    async with client_limit(args.settings, args.url, expect, warm) as (client, limit):
         _, late = await released()
         first = time.monotonic()
 
@@ -78,6 +81,7 @@ def main() -> None:
     parser.add_argument("--url", required=True)
     parser.add_argument("--settings", required=True, help="ConcurrencySettings as JSON")
     parser.add_argument("--requests", type=int, default=250)
+    parser.add_argument("--warm", type=int, default=128, help="connections opened first")
     parser.add_argument("--timeout", type=float, default=120.0, help="s, for the whole burst")
     parser.add_argument("--expect", default="", help="budget,engine: what the limit must have")
     parser.add_argument("--source", default=str(PROJECT_ROOT), help="the tree to measure")

@@ -33,10 +33,11 @@ CONNECTIONS = 512  # more than any run keeps in flight a process: httpx's pool n
 
 @contextlib.asynccontextmanager
 async def client_limit(
-    settings_json: str, base_url: str, expect: list[str]
+    settings_json: str, base_url: str, expect: list[str], warm: int = 0
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Limit]]:
     """An httpx client to `base_url` whose calls go through the settings' client limit, and
-    that limit; closed (a global limit's leases given back) on exit."""
+    that limit; closed (a global limit's leases given back) on exit. `warm` connections are
+    opened first (GET /stats past the limit), so that a burst does not open them all."""
     settings = ConcurrencySettings.model_validate(json.loads(settings_json))
     limits = ConcurrencyLimits(settings)
     configured = limits.client(LIMIT_NAME)
@@ -50,7 +51,9 @@ async def client_limit(
         if not await shared.connect():
             raise SystemExit(f"the limit's Redis ({settings.redis_url}) cannot be reached")
     pool = httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS)
-    transport = configured.transport(httpx.AsyncHTTPTransport(limits=pool))
+    raw = httpx.AsyncHTTPTransport(limits=pool)
+    await _warm(raw, base_url, min(warm, CONNECTIONS))
+    transport = configured.transport(raw)
     client = httpx.AsyncClient(base_url=base_url, transport=transport, timeout=120)
     try:
         yield client, configured.limit
@@ -61,6 +64,18 @@ async def client_limit(
         engine = getattr(configured.limit, "engine", None)
         if engine is not None and hasattr(engine, "aclose"):
             await engine.aclose()
+
+
+async def _warm(transport: httpx.AsyncHTTPTransport, base_url: str, connections: int) -> None:
+    """Open `connections` pooled connections at once, each with a GET /stats read in full."""
+    import asyncio
+
+    async def one() -> None:
+        response = await transport.handle_async_request(httpx.Request("GET", base_url + "/stats"))
+        await response.aread()
+        await response.aclose()
+
+    await asyncio.gather(*(one() for _ in range(connections)))
 
 
 def limit_figures(limit: Limit) -> dict[str, Any]:

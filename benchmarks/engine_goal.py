@@ -12,15 +12,18 @@ common moment, through one configured client limit (`ClientLimit`, httpx transpo
     aimd      adaptive AIMD (latency tolerance 1.25: the engine never refuses), starting at
               --adaptive-start a process, within [1, batch]
     gradient  the same, gradient
-    engine    max_concurrent = batch, `engine` following the engine's /metrics:
-              waiting_max = --engine-waiting-max (default 6 // processes, so the sum <= 6),
-              batch_size = --engine-batch-size (64), interval --engine-interval s
+    engine    max_concurrent = --engine-slots (batch) a process, `engine` following the
+              engine's /metrics: waiting_max = --engine-waiting-max (default 6 // processes,
+              so the sum <= 6), batch_size = --engine-batch-size (64), interval
+              --engine-interval s (0.05), stale after --engine-stale-after s (3 intervals)
 
 This run also scrapes /metrics every --scrape-ms itself, so that the baselines have scrapes
 too. Reported per configuration (over `--rounds`, order rotating, a fresh engine a cell): the
 most requests waiting at any scrape during the burst (and at any moment: the engine's own
 exact maximum), batch utilisation = the engine's busy_seconds (running / batch, integrated)
 / the burst's duration, the duration (first call sent to last answered), p50 / p95 latency.
+The clients' CPU is part of a burst: each waits up to --wait-quiet s for a nearly idle machine
+(`overload.wait_until_quiet`; the cores busy then are in the JSON).
 `engine` needs issue 35's wiring: without it the run stops before anything starts, saying
 what is missing.
 
@@ -60,7 +63,7 @@ from benchmarks._goal_parts import (
     wiring_error,
 )
 from benchmarks._source import PROJECT_ROOT, describe_tree, use_source_tree
-from benchmarks.overload import load_average
+from benchmarks.overload import load_average, wait_until_quiet
 
 RESULTS = PROJECT_ROOT / "benchmarks" / "results"
 CONFIGS = ("fixed", "aimd", "gradient", "engine")
@@ -81,12 +84,13 @@ def settings_for(config: str, args: argparse.Namespace, engine_url: str) -> dict
             "algorithm": config,
         }
     else:
-        client["max_concurrent"] = args.batch
+        client["max_concurrent"] = args.engine_slots or args.batch
         client["engine"] = {
             "url": f"{engine_url}/metrics",
             "waiting_max": args.engine_waiting_max,
             "batch_size": args.engine_batch_size,
             "interval_seconds": args.engine_interval,
+            "stale_after_seconds": args.engine_stale_after,
         }
     return {"component": "engine_goal", "clients": [client]}
 
@@ -224,8 +228,11 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--engine-waiting-max", type=int, default=None, help="6 // processes")
     parser.add_argument("--engine-batch-size", type=int, default=64)
     parser.add_argument("--engine-interval", type=float, default=0.05, help="s")
+    parser.add_argument("--engine-stale-after", type=float, default=None, help="s (3 intervals)")
+    parser.add_argument("--engine-slots", type=int, default=None, help="a process (batch)")
     parser.add_argument("--scrape-ms", type=float, default=50.0, help="this run's own scrapes")
     parser.add_argument("--timeout", type=float, default=120.0, help="s, a burst at most")
+    parser.add_argument("--wait-quiet", type=float, default=20.0, help="s, before each burst")
     parser.add_argument("--label", default="run")
     parser.add_argument("--source", default=str(PROJECT_ROOT), help="the tree to measure")
     parser.add_argument("--quick", action="store_true", help="1 round of 200 requests")
@@ -233,7 +240,7 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--json", default=None, help="default: results/engine-goal-LABEL.json")
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.requests = 1, 200
+        args.rounds, args.requests, args.wait_quiet = 1, 200, 0.0
     if args.engine_waiting_max is None:
         args.engine_waiting_max = max(1, 6 // args.processes)
     configs = args.configs.split(",")
@@ -259,8 +266,9 @@ def main() -> None:
     for index in range(args.rounds):
         order = configs[index % len(configs) :] + configs[: index % len(configs)]
         for name in order:
+            busy = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
             one = cell(args, name)
-            one.update(round=index, load=load_average())
+            one.update(round=index, load=load_average(), busy_cores_before=busy)
             cells.append(one)
             print(
                 f"round {index + 1} {name:9s} waiting at a scrape <= "
@@ -288,6 +296,8 @@ def main() -> None:
                 "engine_waiting_max",
                 "engine_batch_size",
                 "engine_interval",
+                "engine_stale_after",
+                "engine_slots",
                 "scrape_ms",
             )
         },

@@ -19,6 +19,7 @@ from benchmarks._goal_parts import missing_wiring
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--rounds", "1", "--requests", "100", "--processes", "2", "--batch", "16"]
+TINY += ["--wait-quiet", "0"]
 
 
 def run(tmp_path: Path, configs: str) -> subprocess.CompletedProcess[str]:
