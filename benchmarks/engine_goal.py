@@ -125,7 +125,7 @@ def cell(args: argparse.Namespace, config: str) -> dict[str, Any]:
         settings = json.dumps(settings_for(config, args, engine.url))
         share, extra = divmod(args.requests, args.processes)
         common = ["--url", engine.url, "--settings", settings]
-        common += ["--timeout", str(args.timeout)]
+        common += ["--timeout", str(args.timeout), "--warm", str(args.warm)]
         common += ["--source", args.source, "--expect", "engine" if config == "engine" else ""]
         argv = [[*common, "--requests", str(share + (i < extra))] for i in range(args.processes)]
         processes = start_clients(args.python, "benchmarks._engine_client", argv)
@@ -232,6 +232,7 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--engine-slots", type=int, default=None, help="a process (batch)")
     parser.add_argument("--scrape-ms", type=float, default=50.0, help="this run's own scrapes")
     parser.add_argument("--timeout", type=float, default=120.0, help="s, a burst at most")
+    parser.add_argument("--warm", type=int, default=0, help="connections a process opens first")
     parser.add_argument("--wait-quiet", type=float, default=20.0, help="s, before each burst")
     parser.add_argument("--label", default="run")
     parser.add_argument("--source", default=str(PROJECT_ROOT), help="the tree to measure")
@@ -299,6 +300,7 @@ def main() -> None:
                 "engine_stale_after",
                 "engine_slots",
                 "scrape_ms",
+                "warm",
             )
         },
         "goals": GOALS,
