@@ -1,0 +1,102 @@
+"""One client process of benchmarks/engine_goal.py: its share of a burst, `--requests` chat
+completion calls to the fake engine made all at once, at the moment the driver gives
+(`_goal_client_limit.released`), through one configured client limit (httpx). Its connection
+pool is opened first (`--warm` connections): a server's pool is warm, and 250 connections
+opened at once by a process on a shared core would stretch the burst's start. Prints one JSON
+object: when its first call was sent and its last one answered (monotonic), the calls
+completed and failed, their latencies, the limit's counters at the end.
+
+    taskset -c 1 python -m benchmarks._engine_client --url http://127.0.0.1:P --settings JSON
+        [--requests 250] [--warm 128] [--expect engine] [--source TREE] [--timeout 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+from benchmarks._source import PROJECT_ROOT, loaded_files, use_source_tree
+
+BODY = json.dumps(
+    {"model": "fake", "messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 100}
+).encode()  # 201 tokens: 64 of them fill a tenth of the fake engine's KV cache
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    from benchmarks._goal_client_limit import client_limit, limit_figures, released
+
+    expect = [part for part in args.expect.split(",") if part]
+    latencies: list[float] = []
+    failed: Counter[str] = Counter()
+    warm = min(args.requests, args.warm)
+    async with client_limit(args.settings, args.url, expect, warm) as (client, limit):
+        _, late = await released()
+        first = time.monotonic()
+
+        async def call() -> float:
+            sent = time.monotonic()
+            try:
+                response = await client.post(
+                    "/v1/chat/completions",
+                    content=BODY,
+                    headers={"content-type": "application/json"},
+                )
+            except Exception as error:  # a limit's refusal, a transport error
+                failed[type(error).__name__] += 1
+                return time.monotonic()
+            done = time.monotonic()
+            if response.status_code == 200:
+                latencies.append(done - sent)
+            else:
+                failed[str(response.status_code)] += 1
+            return done
+
+        calls = [asyncio.create_task(call()) for _ in range(args.requests)]
+        finished, pending = await asyncio.wait(calls, timeout=args.timeout)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        last = max((task.result() for task in finished), default=time.monotonic())
+        figures = limit_figures(limit)
+    latencies.sort()
+    return {
+        "late_s": round(late, 4),
+        "first_sent": first,
+        "last_done": last,
+        "completed": len(latencies),
+        "failed": dict(failed),
+        "unfinished": len(pending),
+        "latencies_s": [round(x, 4) for x in latencies],
+        "limit": figures,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--settings", required=True, help="ConcurrencySettings as JSON")
+    parser.add_argument("--requests", type=int, default=250)
+    parser.add_argument("--warm", type=int, default=128, help="connections opened first")
+    parser.add_argument("--timeout", type=float, default=120.0, help="s, for the whole burst")
+    parser.add_argument("--expect", default="", help="budget,engine: what the limit must have")
+    parser.add_argument("--source", default=str(PROJECT_ROOT), help="the tree to measure")
+    args = parser.parse_args()
+    if not args.url.startswith("http://127.0.0.1:"):
+        sys.exit("--url must be on 127.0.0.1")
+    if not 1 <= args.requests <= 10_000 or not 0 < args.timeout <= 600:
+        sys.exit("--requests must be in [1, 10000] and --timeout in (0, 600]")
+    # asyncio's own loop: its time() is time.monotonic(), the clock an engine signal reads.
+    root = use_source_tree(args.source)
+    result = asyncio.run(run(args))
+    loaded_files(root)  # fails if any gym_concurrency module came from elsewhere
+    json.dump(result, sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

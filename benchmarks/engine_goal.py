@@ -1,0 +1,327 @@
+"""Issue 35's engine goal: a fake engine of batch capacity 64 behind 4 client processes, a burst
+of 1,000 requests: the engine's waiting queue <= 6 at every scrape and its batch utilisation
+>= 0.95 of the burst's duration with a limit following the engine's /metrics; today's fixed,
+AIMD and gradient limits side by side.
+
+The engine is benchmarks/_fake_engine.py (`--batch` 64, `--service-ms` 200: the burst takes
+at least 1,000 / 64 x 0.2 = 3.1 s), on CPU 0. Each of `--processes` client processes
+(benchmarks/_engine_client.py, CPU 1) sends its 1/processes of `--requests` at once, at a
+common moment, through one configured client limit (`ClientLimit`, httpx transport):
+
+    fixed     max_concurrent = batch / processes (16): the batch exactly, known in advance
+    aimd      adaptive AIMD (latency tolerance 1.25: the engine never refuses), starting at
+              --adaptive-start a process, within [1, batch]
+    gradient  the same, gradient
+    engine    max_concurrent = --engine-slots (batch) a process, `engine` following the
+              engine's /metrics: waiting_max = --engine-waiting-max (default 6 // processes,
+              so the sum <= 6), batch_size = --engine-batch-size (64), interval
+              --engine-interval s (0.05), stale after --engine-stale-after s (3 intervals)
+
+This run also scrapes /metrics every --scrape-ms itself, so that the baselines have scrapes
+too. Reported per configuration (over `--rounds`, order rotating, a fresh engine a cell): the
+most requests waiting at any scrape during the burst (and at any moment: the engine's own
+exact maximum), batch utilisation = the engine's busy_seconds (running / batch, integrated)
+/ the burst's duration, the duration (first call sent to last answered), p50 / p95 latency.
+The clients' CPU is part of a burst: each waits up to --wait-quiet s for a nearly idle machine
+(`overload.wait_until_quiet`; the cores busy then are in the JSON).
+`engine` needs issue 35's wiring: without it the run stops before anything starts, saying
+what is missing.
+
+    .venvs/3.11/bin/python -m benchmarks.engine_goal [--configs fixed,aimd,gradient,engine]
+        [--rounds 3] [--requests 1000] [--label NAME] [--source TREE] [--quick]
+
+`--source TREE` measures another checkout's library (a merge of issue 35's branches, say)
+without installing it (benchmarks/_source.py); the clients check that nothing else loaded.
+
+Writes results/engine-goal-LABEL.json (raw) and .summary.json; prints a Markdown table.
+127.0.0.1 only; every burst bounded by --timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the project root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._flows_inprocess import percentile
+from benchmarks._goal_parts import (
+    FakeUpstream,
+    missing_wiring,
+    release,
+    run_clients,
+    start_clients,
+    wiring_error,
+)
+from benchmarks._source import PROJECT_ROOT, describe_tree, use_source_tree
+from benchmarks.overload import load_average, wait_until_quiet
+
+RESULTS = PROJECT_ROOT / "benchmarks" / "results"
+CONFIGS = ("fixed", "aimd", "gradient", "engine")
+GOALS = {"engine_max_waiting_at_scrape": 6, "engine_batch_utilisation": 0.95}
+STARTUP_S = 60.0  # at most, for the clients to import and connect
+
+
+def settings_for(config: str, args: argparse.Namespace, engine_url: str) -> dict[str, Any]:
+    """The ConcurrencySettings (as JSON data) one client process of `config` runs with."""
+    client: dict[str, Any] = {"limit_name": "upstream", "retry": None}
+    if config == "fixed":
+        client["max_concurrent"] = max(1, args.batch // args.processes)
+    elif config in ("aimd", "gradient"):
+        client["max_concurrent"] = args.adaptive_start
+        client["adaptive"] = {
+            "min_concurrent": 1,
+            "max_concurrent": max(args.batch, args.adaptive_start),
+            "algorithm": config,
+        }
+    else:
+        client["max_concurrent"] = args.engine_slots or args.batch
+        client["engine"] = {
+            "url": f"{engine_url}/metrics",
+            "waiting_max": args.engine_waiting_max,
+            "batch_size": args.engine_batch_size,
+            "interval_seconds": args.engine_interval,
+            "stale_after_seconds": args.engine_stale_after,
+        }
+    return {"component": "engine_goal", "clients": [client]}
+
+
+class Scraper:
+    """GET /metrics every `seconds` in a thread until stopped: the engine records each."""
+
+    def __init__(self, url: str, seconds: float) -> None:
+        self.url, self.seconds = url + "/metrics", seconds
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.seconds):
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as response:
+                    response.read()
+            except OSError:
+                pass  # counted as no scrape; the engine's own maximum still holds
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(10)
+
+
+def cell(args: argparse.Namespace, config: str) -> dict[str, Any]:
+    served = ["--batch", str(args.batch), "--service-ms", str(args.service_ms)]
+    engine = FakeUpstream(args.python, "benchmarks._fake_engine", served)
+    scraper = None
+    try:
+        settings = json.dumps(settings_for(config, args, engine.url))
+        share, extra = divmod(args.requests, args.processes)
+        common = ["--url", engine.url, "--settings", settings]
+        common += ["--timeout", str(args.timeout), "--warm", str(args.warm)]
+        common += ["--source", args.source, "--expect", "engine" if config == "engine" else ""]
+        argv = [[*common, "--requests", str(share + (i < extra))] for i in range(args.processes)]
+        processes = start_clients(args.python, "benchmarks._engine_client", argv)
+        release(processes, STARTUP_S)
+        scraper = Scraper(engine.url, args.scrape_ms / 1e3)
+        clients = run_clients(processes, STARTUP_S + args.timeout + 60)
+        scraper.stop()
+        return measure(config, clients, engine.stats())
+    finally:
+        if scraper is not None:
+            scraper.stop()
+        engine.stop()
+
+
+def measure(config: str, clients: list[dict[str, Any]], stats: dict[str, Any]) -> dict[str, Any]:
+    """One burst's figures: the engine's scrapes and busy time over the clients' span."""
+    begin = min(c["first_sent"] for c in clients)
+    end = max(c["last_done"] for c in clients)
+    during = [s for s in stats["scrapes"] if begin <= s["t"] <= end]
+    latencies = sorted(x for c in clients for x in c["latencies_s"])
+    return {
+        "config": config,
+        "duration_s": end - begin,
+        "utilisation": stats["busy_seconds"] / (end - begin),
+        "max_waiting_at_scrape": max((s["waiting"] for s in during), default=None),
+        "scrapes": len(during),
+        "series": [[round(s["t"] - begin, 3), s["waiting"], s["running"]] for s in during],
+        "max_waiting": stats["max_waiting"],
+        "max_running": stats["max_running"],
+        "served": stats["served"],
+        "completed": sum(c["completed"] for c in clients),
+        "failed": sum(sum(c["failed"].values()) + c["unfinished"] for c in clients),
+        "p50_s": percentile(latencies, 0.50),
+        "p95_s": percentile(latencies, 0.95),
+        "late_s": max(c["late_s"] for c in clients),
+        "limits": [c["limit"] for c in clients],
+    }
+
+
+def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in CONFIGS:
+        mine = [c for c in cells if c["config"] == name]
+        if not mine:
+            continue
+        at_scrape = [c["max_waiting_at_scrape"] for c in mine]
+        out[name] = {
+            "rounds": len(mine),
+            "max_waiting_at_scrape": max((w for w in at_scrape if w is not None), default=None),
+            "max_waiting": max(c["max_waiting"] for c in mine),
+            "utilisation": statistics.median(c["utilisation"] for c in mine),
+            "utilisation_rounds": [round(c["utilisation"], 3) for c in mine],
+            "duration_s": statistics.median(c["duration_s"] for c in mine),
+            "p50_s": statistics.median(c["p50_s"] for c in mine),
+            "p95_s": statistics.median(c["p95_s"] for c in mine),
+            "failed": sum(c["failed"] for c in mine),
+            "late_s_max": max(c["late_s"] for c in mine),
+        }
+    return out
+
+
+def verdicts(summary: dict[str, Any]) -> dict[str, bool]:
+    row = summary.get("engine")
+    if not row:
+        return {}
+    waiting = row["max_waiting_at_scrape"]
+    return {
+        "engine_waiting<=6_at_every_scrape": waiting is not None and waiting <= 6,
+        "engine_utilisation>=0.95": row["utilisation"] >= GOALS["engine_batch_utilisation"],
+    }
+
+
+def table(summary: dict[str, Any]) -> str:
+    lines = [
+        "| configuration | max waiting at a scrape (at any moment) | batch utilisation "
+        "(rounds) | burst duration | p50 / p95 | failed |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, row in summary.items():
+        rounds = ", ".join(f"{u:.3f}" for u in row["utilisation_rounds"])
+        lines.append(
+            f"| `{name}` | {row['max_waiting_at_scrape']} ({row['max_waiting']}) | "
+            f"{row['utilisation']:.3f} ({rounds}) | {row['duration_s']:.2f} s | "
+            f"{row['p50_s']:.2f} / {row['p95_s']:.2f} s | {row['failed']} |"
+        )
+    return "\n".join(lines)
+
+
+def parse() -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--configs", default="fixed,aimd,gradient", help=", ".join(CONFIGS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=1000, help="the burst, in all")
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=64, help="the engine's batch capacity")
+    parser.add_argument("--service-ms", type=float, default=200.0)
+    parser.add_argument("--adaptive-start", type=int, default=32, help="a process")
+    parser.add_argument("--engine-waiting-max", type=int, default=None, help="6 // processes")
+    parser.add_argument("--engine-batch-size", type=int, default=64)
+    parser.add_argument("--engine-interval", type=float, default=0.05, help="s")
+    parser.add_argument("--engine-stale-after", type=float, default=None, help="s (3 intervals)")
+    parser.add_argument("--engine-slots", type=int, default=None, help="a process (batch)")
+    parser.add_argument("--scrape-ms", type=float, default=50.0, help="this run's own scrapes")
+    parser.add_argument("--timeout", type=float, default=120.0, help="s, a burst at most")
+    parser.add_argument("--warm", type=int, default=0, help="connections a process opens first")
+    parser.add_argument("--wait-quiet", type=float, default=20.0, help="s, before each burst")
+    parser.add_argument("--label", default="run")
+    parser.add_argument("--source", default=str(PROJECT_ROOT), help="the tree to measure")
+    parser.add_argument("--quick", action="store_true", help="1 round of 200 requests")
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--json", default=None, help="default: results/engine-goal-LABEL.json")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.requests, args.wait_quiet = 1, 200, 0.0
+    if args.engine_waiting_max is None:
+        args.engine_waiting_max = max(1, 6 // args.processes)
+    configs = args.configs.split(",")
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown or not configs:
+        parser.error(f"--configs: comma-separated, of {', '.join(CONFIGS)} (not {unknown})")
+    if not 1 <= args.rounds <= 20 or not 1 <= args.requests <= 20_000:
+        parser.error("--rounds must be in [1, 20] and --requests in [1, 20000]")
+    if not 1 <= args.processes <= 16 or not 1 <= args.batch <= 4096:
+        parser.error("--processes must be in [1, 16] and --batch in [1, 4096]")
+    if not 0 < args.timeout <= 600 or not 10 <= args.scrape_ms <= 10_000:
+        parser.error("--timeout must be in (0, 600] and --scrape-ms in [10, 10000]")
+    return args, configs
+
+
+def main() -> None:
+    args, configs = parse()
+    args.source = str(use_source_tree(args.source))  # the probe below reads that tree too
+    if "engine" in configs and (missing := missing_wiring(("engine",))):
+        sys.exit(wiring_error("engine", missing))
+    started, load_start = time.monotonic(), load_average()
+    cells: list[dict[str, Any]] = []
+    for index in range(args.rounds):
+        order = configs[index % len(configs) :] + configs[: index % len(configs)]
+        for name in order:
+            busy = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
+            one = cell(args, name)
+            one.update(round=index, load=load_average(), busy_cores_before=busy)
+            cells.append(one)
+            print(
+                f"round {index + 1} {name:9s} waiting at a scrape <= "
+                f"{one['max_waiting_at_scrape']} (any moment {one['max_waiting']})  "
+                f"utilisation {one['utilisation']:.3f}  burst {one['duration_s']:.2f} s  "
+                f"p95 {one['p95_s']:.2f} s  failed {one['failed']}  late {one['late_s']:.2f} s",
+                flush=True,
+            )
+    summary = summarize(cells)
+    result: dict[str, Any] = {
+        "benchmark": "engine_goal",
+        "label": args.label,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "source": describe_tree(Path(args.source)),
+        "settings": {
+            k: getattr(args, k)
+            for k in (
+                "rounds",
+                "requests",
+                "processes",
+                "batch",
+                "service_ms",
+                "adaptive_start",
+                "engine_waiting_max",
+                "engine_batch_size",
+                "engine_interval",
+                "engine_stale_after",
+                "engine_slots",
+                "scrape_ms",
+                "warm",
+            )
+        },
+        "goals": GOALS,
+        "load_average_start": load_start,
+        "load_average_end": load_average(),
+        "seconds": round(time.monotonic() - started, 1),
+        "summary": summary,
+        "verdicts": verdicts(summary),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = Path(args.json) if args.json else RESULTS / f"engine-goal-{args.label}.json"
+    path.write_text(json.dumps({**result, "cells": cells}, indent=1) + "\n")
+    summary_path = path.with_name(path.name.removesuffix(".json") + ".summary.json")
+    summary_path.write_text(json.dumps(result, indent=1) + "\n")
+    print()
+    print(table(summary))
+    goals = result["verdicts"].items()
+    if goals:
+        print("\ngoals: " + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in goals))
+    print(f"\nraw: {path}\nsummary: {summary_path}")
+
+
+if __name__ == "__main__":
+    main()

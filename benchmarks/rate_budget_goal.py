@@ -1,0 +1,322 @@
+"""Issue 35's rate-budget goal: a hosted provider at 60,000 TPM / 500 RPM, 4 client processes,
+mixed calls of 100-16,000 tokens, 5 minutes: 0 upstream 429s and >= 0.95 of the token quota
+used with a global budget, today's fixed and AIMD limits side by side.
+
+The provider is benchmarks/_fake_provider.py (a sliding one-minute window, real 429s with
+Retry-After; `--completion-share` of `max_tokens` used, so a call uses less than its
+estimate), on CPU 0. Each of `--processes` client processes (benchmarks/_rate_budget_client.py,
+CPU 1) runs `--callers` closed-loop callers through one configured client limit
+(`ClientLimit`, httpx transport, the default retry policy), built from the settings a server
+would have:
+
+    fixed          max_concurrent=--slots a process
+    aimd           the same, adaptive AIMD in [1, 4x --slots] on 429 / 503 only (latency
+                   ignored: call sizes vary 160x)
+    budget-global  tokens_per_minute=--tpm, requests_per_minute=--rpm, tokens=openai_tokens,
+                   scope global on a redis-server of this run (--slots x processes slots)
+    budget-local   each process 1/processes of the budget, --slots slots, scope process
+
+Configurations run one after another (a fresh provider each; the order rotates over
+`--rounds`). Reported per configuration: the provider's 429s, the fraction of the token quota
+used (tokens served in each whole provider minute after the first, the ramp, / --tpm; and
+over the whole run), calls completed and failed, p50 / p95 latency of the completed calls.
+The budget configurations need issue 35's wiring: without it they stop before anything
+starts, saying what is missing.
+
+    .venvs/3.11/bin/python -m benchmarks.rate_budget_goal [--configs fixed,aimd,budget-global,
+        budget-local] [--seconds 300] [--rounds 1] [--label NAME] [--source TREE] [--quick]
+
+`--source TREE` measures another checkout's library (a merge of issue 35's branches, say)
+without installing it (benchmarks/_source.py); the clients check that nothing else loaded.
+
+Writes results/rate-budget-goal-LABEL.json (raw) and .summary.json; prints a Markdown table.
+127.0.0.1 only; every run bounded by --seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the project root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._flows_inprocess import percentile
+from benchmarks._goal_parts import (
+    FakeUpstream,
+    missing_wiring,
+    release,
+    run_clients,
+    start_clients,
+    wiring_error,
+)
+from benchmarks._shared_cost_redis import LocalRedis
+from benchmarks._source import PROJECT_ROOT, describe_tree, use_source_tree
+from benchmarks.overload import load_average
+
+RESULTS = PROJECT_ROOT / "benchmarks" / "results"
+CONFIGS = ("fixed", "aimd", "budget-global", "budget-local")
+BUDGET_FIELDS = ("tokens_per_minute", "requests_per_minute", "tokens")
+GOALS = {"budget_global_429": 0, "budget_global_quota_used": 0.95}
+STARTUP_S = 60.0  # at most, for the clients to import and connect
+
+
+def settings_for(config: str, args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]:
+    """The ConcurrencySettings (as JSON data) one client process of `config` runs with."""
+    client: dict[str, Any] = {"limit_name": "upstream", "max_concurrent": args.slots}
+    settings: dict[str, Any] = {"component": "rate_budget_goal", "clients": [client]}
+    if config == "aimd":
+        client["adaptive"] = {
+            "min_concurrent": 1,
+            "max_concurrent": 4 * args.slots,
+            "algorithm": "aimd",
+            "latency_tolerance": None,
+        }
+    elif config.startswith("budget"):
+        share = args.processes if config == "budget-local" else 1
+        client["tokens_per_minute"] = math.ceil(args.tpm / share)
+        client["requests_per_minute"] = math.ceil(args.rpm / share)
+        client["tokens"] = "openai_tokens"
+        if config == "budget-global":
+            client["scope"] = "global"
+            client["max_concurrent"] = args.slots * args.processes
+            settings["redis_url"] = redis_url
+    return settings
+
+
+def cell(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any]:
+    redis = LocalRedis("0") if config == "budget-global" else None
+    provider = None
+    try:
+        if redis is not None:
+            redis.wait_older_than(5)  # past a new Redis's grace period
+        served = ["--tpm", str(args.tpm), "--rpm", str(args.rpm)]
+        served += ["--completion-share", str(args.completion_share)]
+        served += ["--base-ms", str(args.base_ms), "--us-per-token", str(args.us_per_token)]
+        provider = FakeUpstream(args.python, "benchmarks._fake_provider", served)
+        settings = json.dumps(settings_for(config, args, redis.url if redis else None))
+        common = ["--url", provider.url, "--settings", settings]
+        common += ["--seconds", str(args.seconds), "--callers", str(args.callers)]
+        common += [
+            "--source",
+            args.source,
+            "--expect",
+            "budget" if config.startswith("budget") else "",
+        ]
+        argv = [[*common, "--seed", str(seed * 100 + i)] for i in range(args.processes)]
+        processes = start_clients(args.python, "benchmarks._rate_budget_client", argv)
+        start = release(processes, STARTUP_S)
+        clients = run_clients(processes, STARTUP_S + args.seconds + 120)
+        stats = provider.stats()
+        return measure(config, args, clients, stats, provider, start)
+    finally:
+        if provider is not None:
+            provider.stop()
+        if redis is not None:
+            redis.stop()
+
+
+def measure(
+    config: str,
+    args: argparse.Namespace,
+    clients: list[dict[str, Any]],
+    stats: dict[str, Any],
+    provider: FakeUpstream,
+    start: float,
+) -> dict[str, Any]:
+    """One cell's figures: the provider's counts and whole minutes, the clients' calls."""
+    end = start + args.seconds
+    windows = stats["tokens_per_window"]
+    # Window i is [started + 60 i, started + 60 (i + 1)), started in [spawned, ready]: the
+    # minutes wholly inside the run, the first (the ramp) left out.
+    first = max(1, math.ceil((start - provider.spawned) / 60))
+    last = math.floor((end - provider.ready) / 60) - 1
+    whole = [windows[i] for i in range(first, last + 1) if i < len(windows)]
+    latencies = sorted(x for c in clients for x in c["latencies_s"])
+    failed: dict[str, int] = {}
+    for c in clients:
+        for kind, count in c["failed"].items():
+            failed[kind] = failed.get(kind, 0) + count
+    return {
+        "config": config,
+        "upstream_429": stats["refused"],
+        "refused_by": stats["refused_by"],
+        "served": stats["served"],
+        "tokens_served": stats["tokens_served"],
+        "tokens_per_window": windows,
+        "whole_windows": [first, last],
+        "quota_used_windows": statistics.mean(whole) / args.tpm if whole else None,
+        # A window admits a whole minute's quota at once: a run under a minute has that.
+        "quota_used_run": stats["tokens_served"] / (max(1.0, args.seconds / 60) * args.tpm),
+        "most_in_window": stats["most_in_window"],
+        "completed": sum(c["completed"] for c in clients),
+        "failed": failed,
+        "tokens_estimated": sum(c["tokens_estimated"] for c in clients),
+        "p50_s": percentile(latencies, 0.50),
+        "p95_s": percentile(latencies, 0.95),
+        "late_s": max(c["late_s"] for c in clients),
+        "limits": [c["limit"] for c in clients],
+    }
+
+
+def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in CONFIGS:
+        mine = [c for c in cells if c["config"] == name]
+        if not mine:
+            continue
+        windows = [c["quota_used_windows"] for c in mine if c["quota_used_windows"] is not None]
+        out[name] = {
+            "rounds": len(mine),
+            "upstream_429": [c["upstream_429"] for c in mine],
+            "quota_used_windows": statistics.median(windows) if windows else None,
+            "quota_used_run": statistics.median(c["quota_used_run"] for c in mine),
+            "completed": [c["completed"] for c in mine],
+            "failed": [sum(c["failed"].values()) for c in mine],
+            "p50_s": statistics.median(c["p50_s"] for c in mine),
+            "p95_s": statistics.median(c["p95_s"] for c in mine),
+        }
+    return out
+
+
+def verdicts(summary: dict[str, Any]) -> dict[str, bool]:
+    row = summary.get("budget-global")
+    if not row:
+        return {}
+    used = row["quota_used_windows"] or row["quota_used_run"]
+    return {
+        "budget-global_0_429": max(row["upstream_429"]) == 0,
+        "budget-global_quota>=0.95": (used >= GOALS["budget_global_quota_used"]),
+    }
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def table(summary: dict[str, Any]) -> str:
+    lines = [
+        "| configuration | upstream 429s | quota used (whole minutes after the first) | "
+        "quota used (run) | calls completed | calls failed | p50 / p95 |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, row in summary.items():
+        lines.append(
+            f"| `{name}` | {', '.join(map(str, row['upstream_429']))} | "
+            f"{_share(row['quota_used_windows'])} | {_share(row['quota_used_run'])} | "
+            f"{', '.join(map(str, row['completed']))} | {', '.join(map(str, row['failed']))} | "
+            f"{row['p50_s']:.2f} / {row['p95_s']:.2f} s |"
+        )
+    return "\n".join(lines)
+
+
+def parse() -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--configs", default="fixed,aimd", help="comma-separated, of " + ", ".join(CONFIGS)
+    )
+    parser.add_argument("--seconds", type=float, default=300.0)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--callers", type=int, default=8, help="a process")
+    parser.add_argument("--slots", type=int, default=4, help="a process (fixed, aimd's start)")
+    parser.add_argument("--tpm", type=int, default=60_000)
+    parser.add_argument("--rpm", type=int, default=500)
+    parser.add_argument("--completion-share", type=float, default=0.5)
+    parser.add_argument("--base-ms", type=float, default=200.0, help="the provider's service")
+    parser.add_argument("--us-per-token", type=float, default=50.0, help="and per token")
+    parser.add_argument("--label", default="run")
+    parser.add_argument("--source", default=str(PROJECT_ROOT), help="the tree to measure")
+    parser.add_argument("--quick", action="store_true", help="a 10 s smoke run")
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--json", default=None, help="default: results/rate-budget-goal-LABEL.json")
+    args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.rounds = 10.0, 1
+    configs = args.configs.split(",")
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown or not configs:
+        parser.error(f"--configs: comma-separated, of {', '.join(CONFIGS)} (not {unknown})")
+    if not 0 < args.seconds <= 1800 or not 1 <= args.rounds <= 10:
+        parser.error("--seconds must be in (0, 1800] and --rounds in [1, 10]")
+    if not 1 <= args.processes <= 16 or not 1 <= args.slots <= 1000:
+        parser.error("--processes must be in [1, 16] and --slots in [1, 1000]")
+    return args, configs
+
+
+def main() -> None:
+    args, configs = parse()
+    args.source = str(use_source_tree(args.source))  # the probe below reads that tree too
+    errors = [
+        wiring_error(c, missing)
+        for c in configs
+        if c.startswith("budget") and (missing := missing_wiring(BUDGET_FIELDS))
+    ]
+    if errors:
+        sys.exit("\n".join(errors))
+    started, load_start = time.monotonic(), load_average()
+    cells: list[dict[str, Any]] = []
+    for index in range(args.rounds):
+        order = configs[index % len(configs) :] + configs[: index % len(configs)]
+        for name in order:
+            one = cell(args, name, index + 1)
+            one.update(round=index, load=load_average())
+            cells.append(one)
+            print(
+                f"round {index + 1} {name:14s} 429 {one['upstream_429']:5d}  quota used "
+                f"{_share(one['quota_used_windows'])} (run {one['quota_used_run']:.3f})  "
+                f"completed {one['completed']:5d}  failed {sum(one['failed'].values()):5d}  "
+                f"p50 {one['p50_s']:.2f} s  p95 {one['p95_s']:.2f} s",
+                flush=True,
+            )
+    summary = summarize(cells)
+    result: dict[str, Any] = {
+        "benchmark": "rate_budget_goal",
+        "label": args.label,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "source": describe_tree(Path(args.source)),
+        "settings": {
+            k: getattr(args, k)
+            for k in ("seconds", "rounds", "processes", "callers", "slots", "tpm", "rpm")
+        }
+        | {
+            "completion_share": args.completion_share,
+            "service_s": f"{args.base_ms / 1e3:g} + {args.us_per_token / 1e6:g} * tokens",
+            "call_tokens": [100, 16_000, "log-uniform, seeded"],
+            "quota_used_windows": "mean tokens of the provider's whole minutes after the "
+            "first (the ramp) / tpm",
+        },
+        "goals": GOALS,
+        "load_average_start": load_start,
+        "load_average_end": load_average(),
+        "seconds": round(time.monotonic() - started, 1),
+        "summary": summary,
+        "verdicts": verdicts(summary),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = Path(args.json) if args.json else RESULTS / f"rate-budget-goal-{args.label}.json"
+    path.write_text(json.dumps({**result, "cells": cells}, indent=1) + "\n")
+    summary_path = path.with_name(path.name.removesuffix(".json") + ".summary.json")
+    summary_path.write_text(json.dumps(result, indent=1) + "\n")
+    print()
+    print(table(summary))
+    if result["verdicts"]:
+        print(
+            "\ngoals: "
+            + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in result["verdicts"].items())
+        )
+    print(f"\nraw: {path}\nsummary: {summary_path}")
+
+
+if __name__ == "__main__":
+    main()

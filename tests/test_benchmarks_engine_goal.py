@@ -1,0 +1,55 @@
+"""benchmarks/engine_goal.py in a tiny run, as a smoke test: the fake engine, two client
+processes released together into one burst, today's fixed, AIMD and gradient client limits,
+each to its row of the summary. The goal itself (<= 6 waiting at every scrape, >= 0.95 batch
+utilisation) is not asserted: utilisation needs a quiet machine. What holds on any machine:
+every request of the burst completed, the fixed limit of batch / processes a process never made
+a request wait at the engine, and utilisation is a fraction.
+
+The engine configuration, before issue 35's wiring is in the tree, stops at once naming what is
+missing; once it is, it runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks._goal_parts import missing_wiring
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["--rounds", "1", "--requests", "100", "--processes", "2", "--batch", "16"]
+TINY += ["--wait-quiet", "0"]
+
+
+def run(tmp_path: Path, configs: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "benchmarks.engine_goal", "--configs", configs, *TINY]
+    command += ["--service-ms", "50", "--json", str(tmp_path / "engine-goal.json")]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180)
+
+
+def test_the_engine_goal_runs_its_baselines(tmp_path: Path) -> None:
+    done = run(tmp_path, "fixed,aimd,gradient")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for config in ("fixed", "aimd", "gradient"):
+        assert f"| `{config}` |" in done.stdout
+    cells = json.loads((tmp_path / "engine-goal.json").read_text())["cells"]
+    assert {cell["config"] for cell in cells} == {"fixed", "aimd", "gradient"}
+    for cell in cells:
+        assert cell["completed"] == cell["served"] == 100, cell["config"]
+        assert cell["failed"] == 0
+        assert 0 < cell["utilisation"] <= 1.0 + 1e-6, cell["config"]
+        assert cell["duration_s"] >= 100 / 16 * 0.05 * 0.9  # the engine's own bound
+        if cell["config"] == "fixed":  # 8 a process, 16 in all: the batch, never a queue
+            assert cell["max_waiting"] == 0
+
+
+def test_the_engine_configuration_says_what_wiring_it_needs(tmp_path: Path) -> None:
+    done = run(tmp_path, "engine")
+    if missing_wiring(("engine",)):
+        assert done.returncode != 0
+        assert "engine needs issue 35's wiring: " in done.stderr, done.stderr[-3000:]
+        assert "Traceback" not in done.stderr
+    else:
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "| `engine` |" in done.stdout
