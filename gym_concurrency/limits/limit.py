@@ -158,9 +158,10 @@ class Limit(Protocol):
         """Every flow that holds weight or waits now (the default flow is None)."""
         ...
 
-    def settle(self, waiter: asyncio.Future[Admission]) -> None:
+    def settle(self, waiter: asyncio.Future[Admission]) -> object:
         """The task awaiting `waiter` resumed and keeps what the wait ended with: a slot
-        handed to it is its own from now on."""
+        handed to it is its own from now on (and a kind with rate budgets returns the
+        reservation handed with it)."""
         ...
 
     def leave(self, waiter: asyncio.Future[Admission], *, cancelled: bool = True) -> None:

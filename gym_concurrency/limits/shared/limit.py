@@ -20,13 +20,23 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable, Hashable
-from typing import Final
+from typing import Final, Literal
 
+from ...deadline import deadline_remaining
 from .._base import LimitBase, check_count
 from ..deadlines import check_deadline
 from ..flows import FlowStatistics
-from ..limit import Admission, GlobalStatistics, LimitConfigurationError, LimitStatistics
+from ..limit import (
+    Admission,
+    GlobalStatistics,
+    LimitConfigurationError,
+    LimitStatistics,
+    Refusal,
+    wait_in_queue,
+)
+from ..rate_budget import RateBudget, RateBudgetStatistics
 from . import scripts
+from ._budget import BUDGET, SharedBudget, SharedReservation, UpstreamCapacityError
 from ._checks import (
     RedisUnavailable,
     check_ask,
@@ -64,6 +74,10 @@ class SharedLimit(LimitBase):
     Leases this process could not renew within `lease_seconds` are counted in
     `admission_lease_lost`, logged, and handed to `on_lease_lost(limit, ids)`.
 
+    `budget` (a RateBudget, "sliding" only: its sizes are read, its state is kept in Redis)
+    adds rate budgets shared by every process: an admission takes its slot and its estimate
+    together or neither, in the same script call; see `_budget` and docs/rate-budgets.md.
+
     Processes share a limit by its key: `key` if given, else `component/server/limit_name`
     (those given), under `key_prefix`. `connect()` raises LimitConfigurationError for a
     misconfiguration (authentication, TLS, missing commands, a size other processes on the
@@ -95,6 +109,7 @@ class SharedLimit(LimitBase):
         redis_timeout: float = 1.0,
         max_connections: int = 64,
         on_lease_lost: LeaseLostHook | None = None,
+        budget: RateBudget | None = None,
     ) -> None:
         owner = type(self).__name__
         check_count(owner, "value", value)
@@ -115,6 +130,7 @@ class SharedLimit(LimitBase):
         self._lease_seconds = float(lease_seconds)
         self._mode: RedisUnavailable = redis_unavailable
         self._local_max = local_max_concurrent
+        self._budget = None if budget is None else SharedBudget(budget, wake=self._flush)
         self._store = RedisStore(
             redis_url=redis_url,
             base_key=f"{key_prefix}:{{{shared_key}}}:",
@@ -126,6 +142,7 @@ class SharedLimit(LimitBase):
             if redis_unavailable == "refuse"
             else "admitted through the local fallback",
             describe=self._describe(),
+            budget=self._budget,
         )
         self._state = ProcessState(
             self._store,
@@ -255,6 +272,21 @@ class SharedLimit(LimitBase):
         return self._sync.lease_lost
 
     @property
+    def budget(self) -> SharedBudget | None:
+        """The rate budgets shared across processes (settle, report, statistics), or None."""
+        return self._budget
+
+    def budget_statistics(self) -> RateBudgetStatistics | None:
+        """The budgets as last seen (no Redis call), or None without budgets."""
+        return None if self._budget is None else self._budget.statistics()
+
+    @property
+    def admission_budget(self) -> int:
+        """Waits in this process refused "budget": the budgets could not hold them in time
+        (counted in `admission_timeouts` too; monotonic)."""
+        return self._state.budget_refused
+
+    @property
     def connected(self) -> bool:
         """False while Redis is known to be unreachable (or leases of this process are lost
         and not counted in Redis again yet)."""
@@ -318,32 +350,98 @@ class SharedLimit(LimitBase):
         return False
 
     def enqueue(
-        self, weight: int = 1, flow: Hashable = None, deadline: float | None = None
+        self,
+        weight: int = 1,
+        flow: Hashable = None,
+        deadline: float | None = None,
+        *,
+        tokens: int | None = None,
     ) -> asyncio.Future[Admission]:
         """Join the global queue: the future ends "admitted" (the slot is held), "timeout"
         (the limit's timeout), "deadline" (`deadline` seconds from now, when sooner; at once
-        if past), "shed" (the global queue was full) or "unavailable" (Redis could not be
-        reached and the mode is "refuse"). `flow` (None or a string, named the same in every
-        process) is served fairly across processes; FIFO within it."""
+        if past), "shed" (the global queue was full), "unavailable" (Redis could not be
+        reached and the mode is "refuse") or "budget" (the budgets could not hold `tokens`, the
+        estimate, default the weight, in time). `flow` (None or a string, named the same in
+        every process) is served fairly across processes; FIFO within it."""
         flow = self._check_ask(weight, flow)
+        if tokens is not None or self._budget is not None:
+            tokens = self._estimate(weight if tokens is None else tokens)
         loop = asyncio.get_running_loop() if self._state.closed else self._bind()
         if deadline is not None:
             deadline = check_deadline(type(self).__name__, deadline)
-        return self._state.enqueue(loop, weight, flow, self._timeout, deadline)
+        return self._state.enqueue(loop, weight, flow, self._timeout, deadline, tokens)
+
+    def _estimate(self, tokens: int) -> int | None:
+        check_count(type(self).__name__, "tokens", tokens)
+        if self._budget is None:
+            return None  # (no budgets: the estimate is not used)
+        tokens, capped = self._budget.estimate(tokens)
+        self._state.capped += capped
+        return tokens
+
+    async def acquire(
+        self,
+        weight: int = 1,
+        flow: Hashable = None,
+        *,
+        deadline: float | None = None,
+        tokens: int | None = None,
+    ) -> Literal[True]:
+        """As LimitBase's; with budgets the estimate (`tokens`, default the weight) is charged
+        in full: nothing settles it (use `enqueue()` + `settle()` for that)."""
+        if deadline is not None:
+            check_deadline(type(self).__name__, deadline)
+        else:
+            deadline = deadline_remaining()
+        if tokens is None and self._budget is None:
+            admission = await wait_in_queue(self, weight, flow, deadline)
+        else:
+            waiter = self.enqueue(weight, flow, deadline, tokens=tokens)
+            try:
+                admission = await waiter
+            except asyncio.CancelledError:
+                self.leave(waiter)
+                raise
+            if (reservation := self.settle(waiter)) is not None:
+                reservation._owner.charge_in_full(reservation)
+        if admission != "admitted":
+            raise self._refused(admission, deadline)
+        return True
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    def _refused(self, refusal: Refusal, deadline: float | None = None) -> Exception:
+        if refusal == BUDGET:
+            wait = None if self._budget is None else self._budget.blocking()
+            return UpstreamCapacityError(
+                f"{self._describe()}: the rate budgets cannot hold the call in time",
+                reason="budget",
+                retry_after=wait,
+            )
+        return super()._refused(refusal, deadline)
 
     def _forget(self, waiter: asyncio.Future[Admission]) -> bool:
         return self._state.forget(waiter)
 
-    def settle(self, waiter: asyncio.Future[Admission]) -> None:
-        """The task awaiting `waiter` resumed: what it was handed is its own to release."""
-        self._state.settled(waiter)
+    def settle(self, waiter: asyncio.Future[Admission]) -> SharedReservation | None:  # type: ignore[override]
+        """The task awaiting `waiter` resumed: what it was handed is its own to release; its
+        budgets' reservation (None: no budgets, or not admitted) its own to settle."""
+        handed = self._state.settled(waiter)
+        return None if handed is None else handed[2]
 
     def _give_back(self, waiter: asyncio.Future[Admission]) -> None:
         """Release what was handed to `waiter` (its weight, in its flow), whose task left
-        before it resumed."""
-        ask = self._state.settled(waiter)
-        if ask is not None:
-            self.release(*ask)
+        before it resumed; its reservation is cancelled (the call was never sent)."""
+        handed = self._state.settled(waiter)
+        if handed is not None:
+            weight, flow, reservation = handed
+            self.release(weight, flow)
+            if reservation is not None:
+                reservation._owner.cancel(reservation)
+
+    def _flush(self) -> None:
+        self._sync.flush()
 
     def _check_ask(self, weight: int, flow: Hashable, *, limit: bool = True) -> str | None:
         return check_ask(self._describe(), weight, flow, self._store.limit if limit else None)
