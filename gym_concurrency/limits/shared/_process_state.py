@@ -51,8 +51,9 @@ class ProcessState:
 
     `held`, `waiters` and `fallback` are read by the limit and by `sync`; the counts
     (`timeouts`, `shed`, `unavailable`, `capped`, `budget_refused`: monotonic, each failed
-    admission counted once) are the limit's statistics. `fallback_slots` (None: "refuse") sizes the fallback;
-    `on_lease_lost(ids)` runs after the warning for leases not renewed in time."""
+    admission counted once) are the limit's statistics. `fallback_slots` (None: "refuse")
+    sizes the fallback; `on_lease_lost(ids)` runs after the warning for leases not renewed
+    in time."""
 
     def __init__(
         self,

@@ -119,7 +119,7 @@ class RedisSync:
         self._unremoved: list[str] = []  # ids given back, not yet removed from Redis
         self._sending = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.background: set[asyncio.Task[None]] = set()
+        self.background: set[asyncio.Task[object]] = set()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Forget everything (a new process, or a new loop) and run on `loop`."""
@@ -144,7 +144,7 @@ class RedisSync:
         with self.lock:
             return [*self.dropping, *self._deferred, *self._unremoved]
 
-    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, work: Coroutine[Any, Any, object]) -> None:
         """Run `work` in the background (close() waits for it)."""
         assert self._loop is not None
         task = self._loop.create_task(work)

@@ -1,14 +1,12 @@
 """SharedLimit: one concurrency limit shared by every process that names it, through Redis.
 
-A slot is a lease in Redis with a unique id; one heartbeat per limit and process, on a
-thread of its own (so that a blocked event loop keeps its leases), renews all of this
-process's leases and waiters every `lease_seconds / 3`, so a process that dies loses them
-within `lease_seconds`. Waiters queue across processes in ticket order and are handed their
-slot by whichever process frees one (atomically, in a Lua script), then woken through their
-process's mailbox (a blocking list), with a re-check at least every second. A process that
-cannot renew its leases within the lease counts them lost and admits nothing more until
-Redis has them again. The state read at export is plain numbers kept in process: no Redis
-call from the observer.
+A slot is a lease in Redis; one heartbeat per limit and process, on a thread of its own,
+renews this process's leases and waiters every `lease_seconds / 3` (a dead process loses
+them within `lease_seconds`). Waiters queue across processes in ticket order, are handed
+their slot by whichever process frees one (in a Lua script) and woken through their
+process's mailbox, with a re-check at least every second. Leases not renewed within the
+lease are lost: nothing more is admitted until Redis has them again. Exported figures are
+plain numbers kept in process: no Redis call from the observer.
 
 Needs the `redis` package (the `[redis]` extra), imported only when a limit first connects.
 """
@@ -16,11 +14,9 @@ Needs the `redis` package (the `[redis]` extra), imported only when a limit firs
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import os
 from collections.abc import Callable, Hashable
-from typing import Final, Literal
+from typing import Literal
 
 from ...deadline import deadline_remaining
 from .._base import LimitBase, check_count
@@ -29,10 +25,8 @@ from ..flows import FlowStatistics
 from ..limit import (
     Admission,
     GlobalStatistics,
-    LimitConfigurationError,
     LimitStatistics,
     Refusal,
-    wait_in_queue,
 )
 from ..rate_budget import RateBudget, RateBudgetStatistics
 from . import scripts
@@ -46,7 +40,7 @@ from ._checks import (
     check_timing,
     check_url,
 )
-from ._loops import Heartbeat, mailbox
+from ._lifecycle import Lifecycle
 from ._process_state import ProcessState
 from ._store import RedisStore
 
@@ -54,9 +48,6 @@ __all__ = ["LeaseLostHook", "RedisUnavailable", "SharedLimit"]
 
 LeaseLostHook = Callable[["SharedLimit", tuple[str, ...]], None]
 """Called on the event loop with the limit and the ids of the leases it could not renew."""
-
-
-_CLOSE_SECONDS: Final = 2.0  # how long close() waits for in-flight Redis calls
 
 
 class SharedLimit(LimitBase):
@@ -83,10 +74,10 @@ class SharedLimit(LimitBase):
     misconfiguration (authentication, TLS, missing commands, a size other processes on the
     limit disagree with). Implements `gym_concurrency.limits.Limit`.
 
-    Its parts: `_store` (Redis, and the global state as last seen), `_state` (this
-    process's slots, waiters, local fallback and failure counts), `_sync` (what Redis must be
-    told, and what it answers: `_state`'s link to Redis), `_heartbeat` (renewals, a thread).
-    """
+    Its parts: `_store` (Redis, the global state as last seen), `_state` (this process's
+    slots, waiters, fallback, failure counts), `_sync` (`_state`'s link to Redis),
+    `_heartbeat` (renewals, a thread), `_life` (its loop, tasks, connect and close),
+    `_budget` (the rate budgets, or None)."""
 
     _scope = "global"
     _label = "shared limit"
@@ -130,7 +121,10 @@ class SharedLimit(LimitBase):
         self._lease_seconds = float(lease_seconds)
         self._mode: RedisUnavailable = redis_unavailable
         self._local_max = local_max_concurrent
-        self._budget = None if budget is None else SharedBudget(budget, wake=self._flush)
+        fallback = "refused" if redis_unavailable == "refuse" else "admitted through the fallback"
+        self._budget: SharedBudget | None = None
+        if budget is not None:
+            self._budget = SharedBudget(budget, wake=lambda: self._sync.flush())
         self._store = RedisStore(
             redis_url=redis_url,
             base_key=f"{key_prefix}:{{{shared_key}}}:",
@@ -138,9 +132,7 @@ class SharedLimit(LimitBase):
             redis_timeout=float(redis_timeout),
             max_connections=max_connections,
             limit=value,
-            fallback_note="refused"
-            if redis_unavailable == "refuse"
-            else "admitted through the local fallback",
+            fallback_note=fallback,
             describe=self._describe(),
             budget=self._budget,
         )
@@ -153,16 +145,10 @@ class SharedLimit(LimitBase):
             describe=self._describe(),
         )
         self._sync = self._state.sync
-        self._heartbeat = Heartbeat(
-            self._store,
-            self._sync,
-            self._state,
-            lease_seconds=self._lease_seconds,
-            describe=self._describe(),
+        self._life = Lifecycle(
+            self._store, self._state, lease_seconds=self._lease_seconds, describe=self._describe
         )
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._pid = 0
-        self._tasks: list[asyncio.Task[None]] = []
+        self._heartbeat = self._life.heartbeat
         self._register()
 
     # --- settings --------------------------------------------------------------------
@@ -364,20 +350,17 @@ class SharedLimit(LimitBase):
         estimate, default the weight, in time). `flow` (None or a string, named the same in
         every process) is served fairly across processes; FIFO within it."""
         flow = self._check_ask(weight, flow)
-        if tokens is not None or self._budget is not None:
-            tokens = self._estimate(weight if tokens is None else tokens)
+        if tokens is not None:
+            check_count(type(self).__name__, "tokens", tokens)
+        if self._budget is None:
+            tokens = None  # (no budgets: an estimate is not used)
+        else:
+            tokens, capped = self._budget.estimate(weight if tokens is None else tokens)
+            self._state.capped += capped
         loop = asyncio.get_running_loop() if self._state.closed else self._bind()
         if deadline is not None:
             deadline = check_deadline(type(self).__name__, deadline)
         return self._state.enqueue(loop, weight, flow, self._timeout, deadline, tokens)
-
-    def _estimate(self, tokens: int) -> int | None:
-        check_count(type(self).__name__, "tokens", tokens)
-        if self._budget is None:
-            return None  # (no budgets: the estimate is not used)
-        tokens, capped = self._budget.estimate(tokens)
-        self._state.capped += capped
-        return tokens
 
     async def acquire(
         self,
@@ -389,21 +372,15 @@ class SharedLimit(LimitBase):
     ) -> Literal[True]:
         """As LimitBase's; with budgets the estimate (`tokens`, default the weight) is charged
         in full: nothing settles it (use `enqueue()` + `settle()` for that)."""
-        if deadline is not None:
-            check_deadline(type(self).__name__, deadline)
-        else:
-            deadline = deadline_remaining()
-        if tokens is None and self._budget is None:
-            admission = await wait_in_queue(self, weight, flow, deadline)
-        else:
-            waiter = self.enqueue(weight, flow, deadline, tokens=tokens)
-            try:
-                admission = await waiter
-            except asyncio.CancelledError:
-                self.leave(waiter)
-                raise
-            if (reservation := self.settle(waiter)) is not None:
-                reservation._owner.charge_in_full(reservation)
+        deadline = deadline_remaining() if deadline is None else deadline
+        waiter = self.enqueue(weight, flow, deadline, tokens=tokens)
+        try:
+            admission = await waiter
+        except asyncio.CancelledError:
+            self.leave(waiter)
+            raise
+        if (reservation := self.settle(waiter)) is not None:
+            reservation._owner.charge_in_full(reservation)
         if admission != "admitted":
             raise self._refused(admission, deadline)
         return True
@@ -412,14 +389,10 @@ class SharedLimit(LimitBase):
         await self.acquire()
 
     def _refused(self, refusal: Refusal, deadline: float | None = None) -> Exception:
-        if refusal == BUDGET:
-            wait = None if self._budget is None else self._budget.blocking()
-            return UpstreamCapacityError(
-                f"{self._describe()}: the rate budgets cannot hold the call in time",
-                reason="budget",
-                retry_after=wait,
-            )
-        return super()._refused(refusal, deadline)
+        if refusal != BUDGET or self._budget is None:
+            return super()._refused(refusal, deadline)
+        message = f"{self._describe()}: the rate budgets cannot hold the call in time"
+        return UpstreamCapacityError(message, reason="budget", retry_after=self._budget.blocking())
 
     def _forget(self, waiter: asyncio.Future[Admission]) -> bool:
         return self._state.forget(waiter)
@@ -435,13 +408,9 @@ class SharedLimit(LimitBase):
         before it resumed; its reservation is cancelled (the call was never sent)."""
         handed = self._state.settled(waiter)
         if handed is not None:
-            weight, flow, reservation = handed
-            self.release(weight, flow)
-            if reservation is not None:
-                reservation._owner.cancel(reservation)
-
-    def _flush(self) -> None:
-        self._sync.flush()
+            self.release(handed[0], handed[1])
+            if handed[2] is not None:
+                handed[2]._owner.cancel(handed[2])
 
     def _check_ask(self, weight: int, flow: Hashable, *, limit: bool = True) -> str | None:
         return check_ask(self._describe(), weight, flow, self._store.limit if limit else None)
@@ -457,87 +426,23 @@ class SharedLimit(LimitBase):
         Applied as soon as Redis answers (again)."""
         check_count(type(self).__name__, "limit", limit)
         self._store.resize(limit)
-        if self._loop is not None and not self._state.closed and not self._sync.refusing():
-            self._sync.spawn(self._resize())  # (else the heartbeat, once its holders count)
-
-    async def _resize(self) -> None:
-        await self._sync.sizes.apply()
+        if self._life.loop is not None and not self._state.closed and not self._sync.refusing():
+            self._sync.spawn(self._sync.sizes.apply())  # (else the heartbeat, once holders count)
 
     # --- lifecycle -------------------------------------------------------------------
 
     async def connect(self) -> bool:
         """Start the heartbeat and the mailbox (done by the first admission anyway) and set
         the configured size; True if Redis answered. Never raises for an unreachable Redis."""
-        if self._state.closed:
-            return False
-        with self._sync.sizes.connecting():  # the size is applied here, its conflict raised once
-            self._bind()
-            error = await self._sync.sizes.apply()
-            if error is not None and not isinstance(error, LimitConfigurationError):
-                # The heartbeat's first call may say more (a TLS handshake that outlasted
-                # this call's timeout, say): a misconfiguration, or an outage after all.
-                await self._heartbeat.first_renewal(self._lease_seconds)
-                error = self._store.misconfigured_by(error)
-        if error is not None:
-            self._store.misconfigure(str(error))
-            await self.close()
-            raise error
-        return not self._store.down
+        return await self._life.connect()
 
     async def close(self) -> None:
         """Stop the heartbeat, end this process's waiters "unavailable", remove its leases
         and waiters from Redis, and close the connections. Later admissions are refused
         "unavailable" (or go to the local fallback)."""
-        if self._state.closed:
-            return
-        self._state.close()
-        if self._loop is None:
-            return
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.wait(self._tasks)  # (they also stop on their own once closed)
-        self._tasks = []
-        await self._heartbeat.join()
-        ids = self._state.end_waiters()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(_CLOSE_SECONDS):
-                # Registrations in flight remove what they made. (A task that is done may
-                # still be in the set until its callback runs: waiting on it would not yield.)
-                while pending := [t for t in self._sync.background if not t.done()]:
-                    await asyncio.wait(pending)
-        ids += self._sync.unsent_ids()
-        if not self._store.down:
-            with contextlib.suppress(*self._store.failures):
-                await self._store.leave(ids)
-        await self._store.aclose()
+        await self._life.close()
 
     aclose = close  # for contextlib.aclosing()
 
-    # --- the connection ------------------------------------------------------------
-
     def _bind(self) -> asyncio.AbstractEventLoop:
-        """The running loop; on first use (or in a forked child) connect and start tasks."""
-        loop = asyncio.get_running_loop()
-        if self._loop is loop and self._pid == os.getpid():
-            return loop
-        if self._loop is not None and self._pid == os.getpid() and not self._loop.is_closed():
-            raise RuntimeError(f"{self._describe()} is in use on another event loop")
-        self._start(loop)
-        return loop
-
-    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._heartbeat.end_previous()  # (a new event loop: the old one closed)
-        self._loop = loop
-        self._pid = os.getpid()
-        proc = self._state.start()
-        self._sync.start(loop)
-        self._store.start(proc)
-        self._heartbeat.start()
-        describe = self._describe()
-        box = self._store.mailbox_prefix + proc
-        self._tasks = [
-            loop.create_task(
-                mailbox(self._store, self._sync, self._state, box, describe=describe),
-                name=f"{describe} mailbox",
-            ),
-        ]
+        return self._life.bind()
