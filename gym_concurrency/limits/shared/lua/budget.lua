@@ -257,7 +257,7 @@ end
 -- Write what changed (one HSET, refunds read first), and the state's copy (`answer` writes
 -- it with the state); what the answer says of the budgets: JSON, "" without budgets.
 local function budget_save()
-  if not B then return nil, '' end
+  if not budget() then return nil, '' end
   local fields, refunded = {}, {}
   for field in pairs(B.refunds) do refunded[#refunded + 1] = field end
   if #refunded > 0 then
