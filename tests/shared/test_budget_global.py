@@ -59,7 +59,8 @@ async def test_two_processes_never_reserve_more_than_the_budget(
     assert a.admission_budget + b.admission_budget == 5
     assert a.admission_timeouts + b.admission_timeouts == 5  # counted as timeouts too
     stats = a.budget_statistics()
-    assert stats is not None and stats.requests is not None
+    assert stats is not None
+    assert stats.requests is not None
     assert (stats.requests.limit, stats.requests.remaining) == (5, 0)
     assert a.active + b.active == 5  # the slots were free: the budget held them up
     for limit in (a, b):
@@ -74,7 +75,8 @@ async def test_acquire_raises_upstream_capacity_with_a_retry_after(limits: Limit
     with pytest.raises(UpstreamCapacityError) as raised:
         await limit.acquire()
     assert raised.value.reason == "budget"
-    assert raised.value.retry_after is not None and 55 < raised.value.retry_after <= 61
+    assert raised.value.retry_after is not None
+    assert 55 < raised.value.retry_after <= 61
     limit.release()
     await settle(limit)
 
@@ -87,7 +89,8 @@ async def test_a_refund_goes_back_and_an_overrun_is_charged(
     first = a.enqueue(tokens=600)
     assert await first == "admitted"
     reservation = a.settle(first)
-    assert reservation is not None and reservation.estimate("tokens") == 600
+    assert reservation is not None
+    assert reservation.estimate("tokens") == 600
     assert await b.enqueue(tokens=600) == "budget"
     assert a.budget is not None
     a.budget.settle(reservation, Usage(input_tokens=50, output_tokens=50))  # 500 back
@@ -96,13 +99,15 @@ async def test_a_refund_goes_back_and_an_overrun_is_charged(
     second = b.enqueue(tokens=600)
     assert await second == "admitted"
     taken = b.settle(second)
-    assert b.budget is not None and taken is not None
+    assert b.budget is not None
+    assert taken is not None
     b.budget.settle(taken, 900)  # 300 more than estimated: charged now
     b.release()
     await wait_for(lambda: kept(client, a)["u"]["t"] == 1000, 2.0, "overrun charged")
     assert await a.enqueue(tokens=1) == "budget"
     stats = a.budget_statistics()
-    assert stats is not None and stats.tokens is not None
+    assert stats is not None
+    assert stats.tokens is not None
     assert (stats.tokens.reserved, stats.tokens.refunded_total) == (0, 500)
     await settle(a, b)
 
@@ -120,13 +125,16 @@ async def test_a_waiter_held_up_by_the_budget_is_admitted_once_a_refund_makes_ro
     assert not queued.done()
     assert waiting.budget is not None
     held_up = waiting.budget.blocking()
-    assert held_up is not None and 55 < held_up <= 61  # what Retry-After would say
-    assert holder.budget is not None and reservation is not None
+    assert held_up is not None
+    assert 55 < held_up <= 61
+    assert holder.budget is not None
+    assert reservation is not None
     holder.budget.settle(reservation, 200)  # 700 back: 500 fits now
     holder.release()
     assert await asyncio.wait_for(queued, 3) == "admitted"
     granted = waiting.settle(queued)
-    assert granted is not None and granted.ref.startswith("g")  # charged by its grant
+    assert granted is not None
+    assert granted.ref.startswith("g")
     assert kept(client, holder)["u"]["t"] == 700
     waiting.budget.settle(granted, 100)  # back to the second its grant charged
     waiting.release()
@@ -151,15 +159,18 @@ async def test_a_waiter_that_leaves_as_it_is_admitted_gives_its_estimate_back(
 
 async def test_the_freshest_provider_reading_wins_across_processes(limits: Limits) -> None:
     a, b = limits(4, budget=tpm(10_000), timeout=1), limits(4, budget=tpm(10_000), timeout=1)
-    assert a.budget is not None and b.budget is not None
-    assert await a.connect() and await b.connect()  # (a reading waits for a first call)
+    assert a.budget is not None
+    assert b.budget is not None
+    assert await a.connect()
+    assert await b.connect()
     now = time.monotonic()
     a.budget.report("tokens", remaining=100, reset_at=now + 30)
     await settle(a)
     b.budget.report("tokens", remaining=9000, reset_at=now + 30, observed_at=now - 5)  # older
     assert await b.enqueue(tokens=200) == "budget"  # the provider's 100 hold until its reset
     stats = b.budget_statistics()
-    assert stats is not None and stats.tokens is not None
+    assert stats is not None
+    assert stats.tokens is not None
     assert (stats.tokens.reported_remaining, stats.tokens.remaining) == (100, 100)
     assert await b.enqueue(tokens=100) == "admitted"
     b.release()
@@ -211,7 +222,8 @@ async def counted(
     budgeted = SharedLimit(8, redis_url=redis_server.url, key=key, budget=budget, **options)
     plain = SharedLimit(8, redis_url=redis_server.url, key=key + "-plain", **options)
     try:
-        assert await budgeted.connect() and await plain.connect()
+        assert await budgeted.connect()
+        assert await plain.connect()
         yield budgeted, plain, redis_server.client()
     finally:
         await budgeted.close()

@@ -182,7 +182,8 @@ async def budget(
         admission = await waiter
         reservation = limit.settle(waiter)
         if admission == "admitted":
-            assert limit.budget is not None and reservation is not None
+            assert limit.budget is not None
+            assert reservation is not None
             limit.budget.settle(reservation, config["used"])
             limit.release()
         return admission
