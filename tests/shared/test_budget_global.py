@@ -143,6 +143,40 @@ async def test_a_waiter_held_up_by_the_budget_is_admitted_once_a_refund_makes_ro
     await settle(holder, waiting)
 
 
+async def test_a_timeout_behind_a_waiter_held_up_by_the_budget_ends_budget(
+    limits: Limits, redis_server: RedisServer
+) -> None:
+    holder, head, behind = (limits(4, budget=tpm(1000)) for _ in range(3))
+    assert await holder.enqueue(tokens=900) == "admitted"
+    first = head.enqueue(tokens=500)  # waits ~60 s for the budget, the slots kept for it
+    await settle(holder, head)
+    late = behind.enqueue(tokens=50, deadline=1.0)  # would fit, but never passes the head
+    assert await asyncio.wait_for(late, 3) == "budget"  # not "deadline": slots were free
+    assert (behind.admission_budget, behind.admission_timeouts) == (1, 1)
+    assert not first.done()
+    head.leave(first)
+    holder.release()
+    await settle(holder, head, behind)
+
+
+async def test_hold_and_async_with_charge_the_estimate_in_full(
+    limits: Limits, redis_server: RedisServer
+) -> None:
+    limit = limits(4, budget=tpm(1000))
+    async with limit.hold(2):  # the weight is the estimate: 2 tokens
+        pass
+    async with limit:
+        pass
+    await limit.acquire(tokens=300)
+    limit.release()
+    await settle(limit)
+    assert kept(redis_server.client(), limit)["u"] == {"t": 303, "r": 3}
+    stats = limit.budget_statistics()
+    assert stats is not None
+    assert stats.tokens is not None
+    assert (stats.tokens.reserved, stats.tokens.remaining) == (0, 697)
+
+
 async def test_a_waiter_that_leaves_as_it_is_admitted_gives_its_estimate_back(
     limits: Limits, redis_server: RedisServer
 ) -> None:
