@@ -1,7 +1,7 @@
 """One client process of benchmarks/shared_cost.py (not run by hand).
 
     python -m benchmarks._shared_cost_worker --config process|shared --tasks T --limit L
-        --admissions N [--redis-url URL --key KEY] [--profile PATH] [--no-uvloop]
+        --admissions N [--redis-url URL --key KEY] [--budget] [--profile PATH] [--no-uvloop]
 
 Makes the limit (MeteredSemaphore, or SharedLimit on `--redis-url`), warms it up (connect,
 the first admissions: a young Redis's grace period, script loading), prints `ready`, waits for
@@ -9,7 +9,10 @@ the first admissions: a young Redis's grace period, script loading), prints `rea
 that the others queue, release), waits for the limit's releases in flight to end, and prints
 one JSON line: the client CPU (`time.process_time()`, every thread of this process: the
 heartbeat's too) and wall time of that window, the admissions made and the script calls by
-name (counted where the library's store has `_call`). Then waits for `close`, closes the
+name (counted where the library's store has `_call`). `--budget`: the shared limit carries a
+rate budget too large to refuse (so that what is measured is its cost), and each admission
+reserves 500 tokens and settles 120 (`enqueue`, `settle`, `reservation.settle`, `release`: the
+refund rides on the release's call). Then waits for `close`, closes the
 limit and exits. `gym_concurrency` is whatever the working folder / sys.path gives: the
 driver checks the `library` it reports.
 """
@@ -36,13 +39,13 @@ def _count_calls(limit: Any, calls: dict[str, int]) -> bool:
         return False
     call, blocking = store._call, getattr(store, "_call_blocking", None)
 
-    async def counted(script: str, args: list[Any]) -> Any:
+    async def counted(script: str, *args: Any) -> Any:
         calls[script] = calls.get(script, 0) + 1
-        return await call(script, args)
+        return await call(script, *args)
 
-    def counted_blocking(script: str, args: list[Any]) -> Any:
+    def counted_blocking(script: str, *args: Any) -> Any:
         calls[script] = calls.get(script, 0) + 1  # (the heartbeat thread: one writer)
-        return blocking(script, args)  # type: ignore[misc]
+        return blocking(script, *args)  # type: ignore[misc]
 
     store._call = counted
     if blocking is not None:
@@ -67,16 +70,24 @@ async def _settled(limit: Any) -> None:
         await asyncio.sleep(0.001)
 
 
-async def _admissions(limit: Any, tasks: int, admissions: int) -> int:
+async def _admissions(limit: Any, tasks: int, admissions: int, budget: bool = False) -> int:
     done = 0
 
     async def one() -> None:
         nonlocal done
         while done < admissions:
-            await limit.acquire()
+            reservation = None
+            if budget:
+                waiter = limit.enqueue(tokens=500)
+                assert await waiter == "admitted"
+                reservation = limit.settle(waiter)
+            else:
+                await limit.acquire()
             if tasks > 1:
                 await asyncio.sleep(0)  # hold across a turn of the loop: the others queue
             done += 1
+            if reservation is not None:
+                reservation.settle(120)
             limit.release()
 
     await asyncio.gather(*(one() for _ in range(tasks)))
@@ -91,9 +102,15 @@ async def run(args: argparse.Namespace) -> None:
     if args.config == "process":
         limit = MeteredSemaphore(args.limit)
     else:
-        limit = SharedLimit(args.limit, redis_url=args.redis_url, key=args.key)
+        options: dict[str, Any] = {}
+        if args.budget:
+            from gym_concurrency.limits.rate_budget import RateBudget
+
+            big = 10**12  # never refuses: the cost is measured, not the budget
+            options["budget"] = RateBudget(tokens_per_minute=big, requests_per_minute=big)
+        limit = SharedLimit(args.limit, redis_url=args.redis_url, key=args.key, **options)
         await limit.connect()
-    await _admissions(limit, min(args.tasks, WARMUP), WARMUP)
+    await _admissions(limit, min(args.tasks, WARMUP), WARMUP, args.budget)
     await _settled(limit)
     calls: dict[str, int] = {}
     counting = _count_calls(limit, calls)
@@ -103,7 +120,7 @@ async def run(args: argparse.Namespace) -> None:
     wall, cpu = time.perf_counter(), time.process_time()
     if profile is not None:
         profile.enable()
-    done = await _admissions(limit, args.tasks, args.admissions)
+    done = await _admissions(limit, args.tasks, args.admissions, args.budget)
     await _settled(limit)
     if profile is not None:
         profile.disable()
@@ -135,6 +152,7 @@ def main() -> None:
     parser.add_argument("--admissions", type=int, default=2000)
     parser.add_argument("--redis-url")
     parser.add_argument("--key", default="shared-cost")
+    parser.add_argument("--budget", action="store_true")
     parser.add_argument("--profile")
     parser.add_argument("--no-uvloop", action="store_true")
     args = parser.parse_args()

@@ -1,7 +1,7 @@
 """A global limit's cost per admission against a process limit's, in the same run.
 
     python -m benchmarks.shared_cost [--baseline PATH] [--source PATH] [--rounds 3]
-        [--label NAME] [--quick] [--analyze] [--out DIR]
+        [--label NAME] [--quick] [--analyze] [--budget] [--out DIR]
 
 Configurations, interleaved round by round (the order rotates):
 
@@ -9,6 +9,9 @@ Configurations, interleaved round by round (the order rotates):
     shared            SharedLimit on this benchmark's redis-server, the library of --source
     shared-baseline   the same with the library of --baseline (a checkout: `git worktree add
                       /tmp/before <commit>`), if given: before / after from one run
+    shared-budget     `shared` with a rate budget (--budget): each admission reserves 500
+                      tokens with its slot and settles 120 (the goal: <= 1.3x `shared`'s
+                      client CPU, still one script call for the admission)
 
 each in three modes: `uncontended` (one process, one task: acquire, release), `contended`
 (one process, 64 tasks over a limit of 8) and `contended-3proc` (three processes of 22 tasks
@@ -89,6 +92,8 @@ class Cell:
         command += ["--admissions", str(options["admissions"] // processes)]
         if config == "shared":
             command += ["--redis-url", options["redis_url"], "--key", options["key"]]
+        if options.get("budget"):
+            command.append("--budget")
         if options.get("no_uvloop"):
             command.append("--no-uvloop")
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -152,7 +157,8 @@ def measure(
     """One cell: its figures per admission (and the raw counts)."""
     kind = "process" if config == "process" else "shared"
     around = options.pop("around", None) or contextlib.nullcontext
-    cell = Cell(library, kind, mode, redis_url=redis.url, **options)
+    budget = config == "shared-budget"
+    cell = Cell(library, kind, mode, redis_url=redis.url, budget=budget, **options)
     try:
         with around():  # (the analysis's MONITOR: the measured window only)
             before = redis.snapshot()
@@ -228,20 +234,22 @@ def summarize(runs: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any
                     }
     summary = {**meta, "cells": cells, "ratios_to_process_same_round": ratios, "goals": goals}
     if any(c == "shared-baseline" for c, _ in keys):
-        summary["shared_over_baseline_same_round"] = _over_baseline(runs)
+        summary["shared_over_baseline_same_round"] = _over(runs, "shared", "shared-baseline")
+    if any(c == "shared-budget" for c, _ in keys):
+        summary["budget_over_shared_same_round"] = _over(runs, "shared-budget", "shared")
     return summary
 
 
-def _over_baseline(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per mode, the median over rounds of each figure of `shared` over `shared-baseline`'s
-    in the same round: the after / before ratios."""
+def _over(runs: list[dict[str, Any]], measured: str, base: str) -> dict[str, Any]:
+    """Per mode, the median over rounds of each figure of `measured` over `base`'s in the
+    same round (after / before, or with a budget / without)."""
     out: dict[str, Any] = {}
     for mode in MODES:
         pairs = [
             (a, b)
             for a in runs
             for b in runs
-            if (a["config"], b["config"]) == ("shared", "shared-baseline")
+            if (a["config"], b["config"]) == (measured, base)
             and a["mode"] == b["mode"] == mode
             and a["round"] == b["round"]
         ]
@@ -279,6 +287,7 @@ def main() -> None:
     parser.add_argument("--label", default="")
     parser.add_argument("--quick", action="store_true", help="1 round, 200 admissions")
     parser.add_argument("--analyze", action="store_true", help="then profile and MONITOR")
+    parser.add_argument("--budget", action="store_true", help="and shared-budget")
     parser.add_argument("--no-uvloop", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
@@ -287,6 +296,8 @@ def main() -> None:
     trees = {"process": args.source.resolve(), "shared": args.source.resolve()}
     if args.baseline is not None:
         trees["shared-baseline"] = args.baseline.resolve()
+    if args.budget:
+        trees["shared-budget"] = args.source.resolve()
     for tree in trees.values():
         if not (tree / "gym_concurrency").is_dir():
             parser.error(f"{tree} has no gym_concurrency package")

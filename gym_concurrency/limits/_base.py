@@ -30,14 +30,15 @@ from .limit import (
     LimitUnavailableError,
     QueueFullError,
     Refusal,
+    UpstreamCapacityError,
     wait_in_queue,
 )
 from .registry import register
-from .upstream import Upstream
+from .upstream import Upstream, UpstreamRefusal
 
 if TYPE_CHECKING:
     from ..engines.signal import EngineSignal
-    from .rate_budget import RateBudget, Reservation
+    from .rate_budget import BudgetReservation, RateBudget
 
 __all__ = ["LimitBase", "check_count", "check_seconds"]
 
@@ -199,14 +200,21 @@ class LimitBase:
         """Tasks (of this process) waiting for a slot now."""
         raise NotImplementedError
 
-    def try_acquire(self, weight: int = 1, flow: Hashable = None) -> bool:
-        """Take `weight` without waiting (never ahead of a waiter); True if taken."""
+    def try_acquire(
+        self, weight: int = 1, flow: Hashable = None, *, tokens: int | None = None
+    ) -> bool:
+        """Take `weight` (and `tokens` of the upstream) at once, never ahead of a waiter."""
         raise NotImplementedError
 
     def enqueue(
-        self, weight: int = 1, flow: Hashable = None, deadline: float | None = None
+        self,
+        weight: int = 1,
+        flow: Hashable = None,
+        deadline: float | None = None,
+        *,
+        tokens: int | None = None,
     ) -> asyncio.Future[Admission]:
-        """Join the queue; the future ends with how the wait ended (done at once if shed)."""
+        """Join the queue (asking `tokens` of the upstream); the future ends with the wait."""
         raise NotImplementedError
 
     def release(self, weight: int = 1, flow: Hashable = None) -> None:
@@ -253,7 +261,7 @@ class LimitBase:
         """Take `waiter` out of the queue if it is still there (True), undoing what it queues."""
         raise NotImplementedError
 
-    def settle(self, waiter: asyncio.Future[Admission]) -> Reservation | None:
+    def settle(self, waiter: asyncio.Future[Admission]) -> BudgetReservation | None:
         """The task awaiting `waiter` resumed with its wait ended; a kind that holds slots
         back for waiters not yet resumed (MeteredSemaphore) ends that hand-over here, and
         hands over the reservation taken with them (None: none)."""
@@ -305,11 +313,12 @@ class LimitBase:
         the weight) are charged in full (`hold()`, `enqueue()` + `settle()` can settle)."""
         if deadline is not None:
             check_deadline(type(self).__name__, deadline)
-        upstream = self._upstream
-        if upstream is not None:  # charged in full: acquire() cannot settle
+        if self._asks_upstream():  # charged in full: acquire() cannot settle
             if tokens is None and self.try_acquire(weight, flow):
                 return True
-            upstream.charge_in_full(await self._reserve(weight, flow, deadline, tokens))
+            reservation = await self._reserve(weight, flow, deadline, tokens)
+            if reservation is not None:
+                reservation.charge_in_full()
             return True
         if tokens is not None:
             check_tokens(type(self).__name__, tokens)
@@ -328,7 +337,9 @@ class LimitBase:
 
     async def __aenter__(self) -> None:
         # acquire() without a second coroutine (asyncio's mixin awaits self.acquire()).
-        if not self.try_acquire():
+        if self._asks_upstream():  # its reservation charged in full
+            await self.acquire()
+        elif not self.try_acquire():
             deadline = deadline_remaining()
             admission = await wait_in_queue(self, 1, None, deadline)
             if admission != "admitted":
@@ -339,9 +350,8 @@ class LimitBase:
 
     def _refused(self, refusal: Refusal, deadline: float | None = None) -> Exception:
         """The exception `acquire()` raises for `refusal` (`deadline`: the waiter's own)."""
-        upstream = self._upstream
-        if upstream is not None and (refusal == "budget" or refusal == "saturated"):
-            return upstream.refused(self._describe(), refusal, 1)
+        if refusal == "budget" or refusal == "saturated":
+            return self._upstream_refused(refusal, 1)
         if refusal == "deadline":
             return DeadlineExceededError(
                 f"{self._describe()}: no slot within the deadline, {deadline} s"
@@ -378,10 +388,10 @@ class LimitBase:
 
     async def _reserve(
         self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
-    ) -> Reservation | None:
+    ) -> BudgetReservation | None:
         """`acquire()`, returning the reservation taken with the slots for the caller to close
         (None: no upstream): with an upstream, through `_enqueue_tokens` and `settle`."""
-        if self._upstream is None:
+        if not self._asks_upstream():
             await self.acquire(weight, flow, deadline=deadline, tokens=tokens)
             return None
         if deadline is None:  # what is left of the request's, if one is being handled
@@ -394,11 +404,21 @@ class LimitBase:
             raise
         reservation = self.settle(waiter)
         if admission == "budget" or admission == "saturated":
-            estimate = weight if tokens is None else tokens
-            raise self._upstream.refused(self._describe(), admission, estimate)
+            raise self._upstream_refused(admission, weight if tokens is None else tokens)
         if admission != "admitted":
             raise self._refused(admission, deadline)
         return reservation
+
+    def _upstream_refused(self, refusal: UpstreamRefusal, tokens: int) -> UpstreamCapacityError:
+        """The error for a wait of `tokens` the upstream ended (`refusal`)."""
+        upstream = self._upstream
+        assert upstream is not None, "a kind with its budget elsewhere says it itself"
+        return upstream.refused(self._describe(), refusal, tokens)
+
+    def _asks_upstream(self) -> bool:
+        """True if admissions take an upstream with their slots (`upstream`; SharedLimit's is
+        in Redis): `acquire()` then goes through `_reserve()`, charging in full."""
+        return self._upstream is not None
 
     def _enqueue_tokens(
         self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None

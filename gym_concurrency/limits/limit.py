@@ -13,7 +13,7 @@ met), "shed" (the queue was full; the future is then done already), "unavailable
 limit could not be reached), or, on a limit with an upstream (a rate budget, an engine signal:
 upstream.py), "budget" / "saturated" (the upstream could not take it in time). The task that
 awaited the future calls `settle(waiter)` once it resumes and keeps what it got (`settle`
-returns the budget's Reservation taken with the slots, to close from the call's usage), or, if
+returns the BudgetReservation taken with the slots, to close from the call's usage), or, if
 it gives up (its client left, its task was cancelled), `leave(waiter)`, which also passes on a
 slot handed to it in that same moment (and cancels its reservation).
 `wait_in_queue()` does both; every caller of `enqueue()` ends its wait one of these two ways.
@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, get_args
 if TYPE_CHECKING:
     from ..usage import Usage
     from .flows import FlowStatistics
-    from .rate_budget import Reservation
-    from .upstream import Upstream
+    from .rate_budget import BudgetReservation
 
 __all__ = [
     "REFUSALS",
@@ -174,21 +173,30 @@ class Limit(Protocol):
         """The limit's state now, read at once (with a global limit's extra state)."""
         ...
 
-    def try_acquire(self, weight: int = 1, flow: Hashable = None) -> bool:
-        """Take `weight` without waiting (never ahead of a waiter); True if taken."""
+    def try_acquire(
+        self, weight: int = 1, flow: Hashable = None, *, tokens: int | None = None
+    ) -> bool:
+        """Take `weight` (and `tokens` of its upstream, charged in full) without waiting
+        (never ahead of a waiter); True if taken."""
         ...
 
     def enqueue(
-        self, weight: int = 1, flow: Hashable = None, deadline: float | None = None
+        self,
+        weight: int = 1,
+        flow: Hashable = None,
+        deadline: float | None = None,
+        *,
+        tokens: int | None = None,
     ) -> asyncio.Future[Admission]:
-        """Join the queue; the future ends with how the wait ended (done at once if shed)."""
+        """Join the queue asking `tokens` of its upstream (None: the weight); the future ends
+        with how the wait ended (done at once if shed)."""
         ...
 
     def flow_statistics(self) -> list[FlowStatistics]:
         """Every flow that holds weight or waits now (the default flow is None)."""
         ...
 
-    def settle(self, waiter: asyncio.Future[Admission]) -> Reservation | None:
+    def settle(self, waiter: asyncio.Future[Admission]) -> BudgetReservation | None:
         """The task awaiting `waiter` resumed and keeps what the wait ended with: a slot
         handed to it is its own from now on, and so is the budget's reservation returned
         (None: none), for it to settle, charge in full or cancel."""
@@ -242,40 +250,38 @@ class Limit(Protocol):
 class Reserving(Protocol):
     """What `Hold` asks of a limit (LimitBase provides it)."""
 
-    @property
-    def upstream(self) -> Upstream | None: ...
     async def _reserve(
         self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
-    ) -> Reservation | None: ...
+    ) -> BudgetReservation | None: ...
     def release(self, weight: int = 1, flow: Hashable = None) -> None: ...
 
 
 class Held:
     """What `async with limit.hold(...) as held:` holds besides slots: the rate budget's
-    `reservation` taken with them (None: the limit has no budget). `settle(usage)` closes it
-    from what the call used, `cancel()` for a call never sent; left open, the exit charges it
-    in full (the call may have cost all of it)."""
+    `reservation` taken with them (None: the limit has no budget; kept in the process or, for
+    a shared limit, in Redis: closed the same way). `settle(usage)` closes it from what the
+    call used, `cancel()` for a call never sent; left open, the exit charges it in full (the
+    call may have cost all of it)."""
 
-    __slots__ = ("_upstream", "reservation")
+    __slots__ = ("reservation",)
 
-    def __init__(self, reservation: Reservation | None, upstream: Upstream | None) -> None:
+    def __init__(self, reservation: BudgetReservation | None) -> None:
         self.reservation = reservation
-        self._upstream = upstream
 
     def settle(self, usage: Usage | int) -> None:
         """Charge what the call used (a Usage, or a total of tokens): the rest is refunded."""
-        if self.reservation is not None and self._upstream and self._upstream.budget:
-            self._upstream.budget.settle(self.reservation, usage)
+        if self.reservation is not None:
+            self.reservation.settle(usage)
 
     def cancel(self) -> None:
         """The call was never sent: the whole reservation, its request too, comes back."""
-        if self.reservation is not None and self._upstream and self._upstream.budget:
-            self._upstream.budget.cancel(self.reservation)
+        if self.reservation is not None:
+            self.reservation.cancel()
 
     def close(self) -> None:
         """Charge the reservation in full unless it was settled or cancelled."""
-        if self.reservation is not None and self.reservation.open and self._upstream:
-            self._upstream.charge_in_full(self.reservation)
+        if self.reservation is not None and self.reservation.open:
+            self.reservation.charge_in_full()
 
 
 class Hold:
@@ -293,9 +299,8 @@ class Hold:
         self._held: Held | None = None
 
     async def __aenter__(self) -> Held:
-        limit = self._limit
-        reservation = await limit._reserve(self._weight, self._flow, None, self._tokens)
-        self._held = Held(reservation, limit.upstream)
+        reservation = await self._limit._reserve(self._weight, self._flow, None, self._tokens)
+        self._held = Held(reservation)
         return self._held
 
     async def __aexit__(self, *exc: object) -> None:
@@ -312,12 +317,15 @@ async def wait_in_queue(
 ) -> Admission:
     """Join `limit`'s queue and wait for how it ends, at most `deadline` seconds besides the
     limit's timeout (the request's: `deadline.deadline_remaining()`, as `acquire()` passes);
-    cancelled, leave the queue (a slot handed over at that moment passes on) and re-raise."""
+    cancelled, leave the queue (a slot handed over at that moment passes on) and re-raise.
+    A reservation handed with the slot is charged in full: nothing here can settle it."""
     waiter = limit.enqueue(weight, flow, deadline)
     try:
         admission = await waiter
     except asyncio.CancelledError:
         limit.leave(waiter)
         raise
-    limit.settle(waiter)
+    reservation = limit.settle(waiter)
+    if reservation is not None:
+        reservation.charge_in_full()
     return admission

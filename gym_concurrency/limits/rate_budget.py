@@ -42,7 +42,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import get_args
+from typing import Protocol, get_args
 
 from ..usage import Usage
 from ._budget_parts import BudgetName, BudgetShape, MeteredBudget, ProviderWord
@@ -50,6 +50,7 @@ from ._budget_parts import BudgetName, BudgetShape, MeteredBudget, ProviderWord
 __all__ = [
     "BUDGETS",
     "BudgetName",
+    "BudgetReservation",
     "BudgetShape",
     "BudgetStatistics",
     "RateBudget",
@@ -90,9 +91,23 @@ class RateBudgetStatistics:
         return tuple(b for b in found if b is not None)
 
 
+class BudgetReservation(Protocol):
+    """What a limit hands a caller with its slots, whatever keeps the budget (a RateBudget in
+    the process: `Reservation`; Redis: a shared limit's): closed exactly once by the caller,
+    with `settle(usage)`, `charge_in_full()` or `cancel()` (each raises ValueError if closed)."""
+
+    @property
+    def open(self) -> bool: ...
+    def estimate(self, budget: BudgetName) -> int: ...
+    def settle(self, usage: Usage | int) -> None: ...
+    def charge_in_full(self) -> None: ...
+    def cancel(self) -> None: ...
+
+
 class Reservation:
     """What one admission took from a RateBudget: an estimate on each budget (`requests`: 1)
-    and when. Closed exactly once: `settle`, `charge_in_full` or `cancel`."""
+    and when. Closed exactly once: `settle`, `charge_in_full` or `cancel` (its own, or its
+    budget's with it: the same). A BudgetReservation."""
 
     __slots__ = ("_done", "_owner", "at", "epoch", "estimates")
 
@@ -117,6 +132,18 @@ class Reservation:
     def estimate(self, budget: BudgetName) -> int:
         """What this reservation took from `budget` (0: not configured)."""
         return next((amount for b, amount in self.estimates if b.name == budget), 0)
+
+    def settle(self, usage: Usage | int) -> None:
+        """`RateBudget.settle(self, usage)`: the call used `usage`; the rest is refunded."""
+        self._owner.settle(self, usage)
+
+    def charge_in_full(self) -> None:
+        """`RateBudget.charge_in_full(self)`: the call ended without usage."""
+        self._owner.charge_in_full(self)
+
+    def cancel(self) -> None:
+        """`RateBudget.cancel(self)`: the call was never sent; all of it comes back."""
+        self._owner.cancel(self)
 
     def __repr__(self) -> str:
         taken = ", ".join(f"{b.name}={amount}" for b, amount in self.estimates)

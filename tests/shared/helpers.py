@@ -42,9 +42,9 @@ class Limits:
         """Make `limit` stand for a process that died: its heartbeat and mailbox stop, and it
         never talks to Redis again (its leases and waiters stay there until they expire)."""
         limit._heartbeat.stop()  # its thread: no renewal after the current one
-        for task in limit._tasks:
+        for task in limit._life.tasks:
             task.cancel()
-        limit._tasks = []
+        limit._life.tasks = []
         self.dead_clients += [limit._store._client, limit._store._mailbox_client]
         limit._store._client = limit._store._mailbox_client = None  # nothing more is sent
         limit._state.close()  # (not limit.close(), which would tell Redis)

@@ -360,7 +360,7 @@ async def test_a_lost_notification_delays_a_waiter_at_most_about_a_second(
     assert await holder.enqueue() == "admitted"
     future = waiting.enqueue()
     await settle(holder, waiting)
-    (mailbox_task,) = waiting._tasks  # (the heartbeat runs on a thread of its own)
+    (mailbox_task,) = waiting._life.tasks  # (the heartbeat runs on a thread of its own)
     mailbox_task.cancel()  # its notifications now go nowhere: a thief takes them
     thief = redis_server.client()
     box = waiting.mailbox_prefix + waiting._store.proc
@@ -510,7 +510,7 @@ async def test_close_ends_waiters_unavailable_and_removes_its_leases_and_waiters
     assert closing.admission_unavailable == 1
     assert await behind == "admitted"  # its slot passed on at once, not after the lease
     assert leases(client, other) == held_ids(other)
-    assert closing._tasks == []
+    assert closing._life.tasks == []
     closing.release()  # the holder finishing after close is fine
     assert await closing.enqueue() == "unavailable"
     assert not await closing.connect()

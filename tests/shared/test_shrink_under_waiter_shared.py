@@ -142,7 +142,7 @@ async def test_a_renewal_learns_of_a_capped_grant_whose_notification_was_not_rea
     await admitted(a, a.enqueue())
     heavy = b.enqueue(4)
     await settle(a, b)
-    for task in b._tasks:  # b's mailbox stops: it learns of grants from its renewals only
+    for task in b._life.tasks:  # b's mailbox stops: it learns of grants from its renewals only
         task.cancel()
     a.resize(2)
     await settle(a)
@@ -167,7 +167,7 @@ async def test_a_waiter_that_leaves_before_hearing_of_its_capped_grant_frees_it_
     heavy = b.enqueue(4)
     await settle(a, b)
     await b._heartbeat.join()  # b hears of no grant: no mailbox, no renewal
-    for task in b._tasks:
+    for task in b._life.tasks:
         task.cancel()
     a.resize(2)
     await settle(a)

@@ -9,6 +9,8 @@ Roles:
   Redis lists, holds each `hold` s.
 - soak:  `requests` arrivals at random times with random holds, cancellations and timeouts;
   reports every outcome as it saw it and as the limit counted it.
+- budget: `requests` admissions at once of `tokens` each on a limit with the rate budget
+  `budget` (RateBudget's keywords), each settled with `used` tokens; reports how each ended.
 Every role waits for a "go" token (BLPOP `<key>:go`) first, and ends with a JSON report on
 stdout (the hold role never ends).
 """
@@ -25,6 +27,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from gym_concurrency import LimitUnavailableError, QueueFullError, SharedLimit
+from gym_concurrency.limits.rate_budget import RateBudget
 
 
 async def main(config: dict[str, Any]) -> dict[str, Any]:
@@ -34,6 +37,8 @@ async def main(config: dict[str, Any]) -> dict[str, Any]:
     witness_url = config.get("witness_url", config["url"])
     witness = aioredis.Redis.from_url(witness_url, decode_responses=True)
     options = config.get("options", {})
+    if "budget" in config:
+        options = {**options, "budget": RateBudget(**config["budget"])}
     limit = SharedLimit(config["limit"], redis_url=config["url"], key=config["key"], **options)
     await limit.connect()
     await client.rpush(f"{config['key']}:ready", config["name"])
@@ -169,7 +174,24 @@ async def soak(
     return {"arrived": len(tasks), "outcomes": outcomes, "max_witness": max(seen, default=0)}
 
 
-ROLES = {"flood": flood, "hold": hold, "wait": wait, "soak": soak}
+async def budget(
+    limit: SharedLimit, client: aioredis.Redis, witness: aioredis.Redis, config: dict[str, Any]
+) -> dict[str, Any]:
+    async def one() -> str:
+        waiter = limit.enqueue(tokens=config["tokens"])
+        admission = await waiter
+        reservation = limit.settle(waiter)
+        if admission == "admitted":
+            assert reservation is not None
+            reservation.settle(config["used"])
+            limit.release()
+        return admission
+
+    outcomes = await asyncio.gather(*(one() for _ in range(config["requests"])))
+    return {"outcomes": sorted(outcomes), "budget_refused": limit.admission_budget}
+
+
+ROLES = {"flood": flood, "hold": hold, "wait": wait, "soak": soak, "budget": budget}
 
 if __name__ == "__main__":
     result = asyncio.run(main(json.loads(sys.argv[1])))

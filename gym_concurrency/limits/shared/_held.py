@@ -1,5 +1,6 @@
 """The slots one process holds of a shared limit, by lease id, with their total weight: the
-weight and flow ride in the id (`<proc>:<n>`, then `*<w>` for a weight w other than 1, then
+weight and flow ride in the id (`<proc>:<n>`, then `.<t>` for an estimate of t tokens on a
+limit with rate budgets, then `*<w>` for a weight w other than 1, then
 `/<c>` for a lease granted less than its waiter asked (the limit shrank under it: it holds c),
 then `@<flow>` for a flow other than the default), as Redis reads them too."""
 
@@ -9,15 +10,34 @@ import math
 from collections.abc import Iterable
 
 __all__ = [
-    "HeldLeases", "lease_asked", "lease_flow", "lease_id", "lease_weight", "total_weight",
-    "waiter_id",
+    "HeldLeases", "grant_handle", "lease_asked", "lease_flow", "lease_id", "lease_tokens",
+    "lease_weight", "total_weight", "waiter_id",
 ]  # fmt: skip
 
 
-def lease_id(proc: str, number: int, weight: int, flow: str | None = None) -> str:
-    """The id of a waiter (and of its lease once admitted) asking for `weight` in `flow`."""
-    ident = f"{proc}:{number}" if weight == 1 else f"{proc}:{number}*{weight}"
+def lease_id(
+    proc: str, number: int, weight: int, flow: str | None = None, tokens: int | None = None
+) -> str:
+    """The id of a waiter (and of its lease once admitted) asking for `weight` in `flow`, and
+    for an estimate of `tokens` from a limit's rate budgets (None: it has none)."""
+    ident = f"{proc}:{number}" if tokens is None else f"{proc}:{number}.{tokens}"
+    if weight != 1:
+        ident = f"{ident}*{weight}"
     return ident if flow is None else f"{ident}@{flow}"
+
+
+def lease_tokens(lease: str) -> int | None:
+    """The estimate `lease` (or its waiter) carries for the rate budgets (None: none)."""
+    head = lease.partition("@")[0].partition("*")[0].partition("/")[0]
+    _, dot, tokens = head.partition(".")
+    return int(tokens) if dot else None
+
+
+def grant_handle(lease: str) -> str:
+    """How the budgets name the waiter of `lease` (`<proc>:<n>`) where its grant was charged."""
+    proc, _, rest = lease.partition(":")
+    number = rest[: len(rest) - len(rest.lstrip("0123456789"))]
+    return f"{proc}:{number}"
 
 
 def lease_weight(lease: str) -> int:

@@ -23,11 +23,19 @@ from ..admission_counts import AdmissionCounts
 from ..flows import FlowStatistics
 from ..limit import Admission, Refusal
 from ._fallback import Fallback
-from ._held import HeldLeases, lease_flow, lease_id, lease_weight, waiter_id
-from ._replies import ADMITTED, SHED
+from ._held import (
+    HeldLeases,
+    grant_handle,
+    lease_flow,
+    lease_id,
+    lease_tokens,
+    lease_weight,
+    waiter_id,
+)
+from ._replies import ADMITTED, QUEUED, SHED
 from ._store import RedisStore
 from ._sync import RedisSync
-from ._waiters import Waiter, Waiters
+from ._waiters import Handed, Waiter, Waiters
 
 __all__ = ["LostHook", "ProcessState"]
 
@@ -41,10 +49,10 @@ class ProcessState:
     """The slots, waiters, fallback and failure counts of one shared limit in this process.
 
     `held`, `waiters` and `fallback` are read by the limit and by `sync`; how waits end here
-    is counted in `counts` (timeouts, shed, capped; the limit's, which counts cancels) and
-    `unavailable` (monotonic, each failed admission counted once). `fallback_slots` (None:
-    "refuse") sizes the fallback; `on_lease_lost(ids)` runs after the warning for leases not
-    renewed in time."""
+    is counted in `counts` (timeouts, shed, capped, refused "budget"; the limit's, which
+    counts cancels) and `unavailable` (monotonic, each failed admission counted once).
+    `fallback_slots` (None: "refuse") sizes the fallback; `on_lease_lost(ids)` runs after the
+    warning for leases not renewed in time."""
 
     def __init__(
         self,
@@ -99,8 +107,8 @@ class ProcessState:
                 waiter.future.set_result("unavailable")
         return ids
 
-    def _new_id(self, weight: int, flow: str | None) -> str:
-        return lease_id(self._proc, next(self._counter), weight, flow)
+    def _new_id(self, waiter: Waiter) -> str:
+        return lease_id(self._proc, next(self._counter), waiter.weight, waiter.flow, waiter.tokens)
 
     # --- a waiter arrives, and ends here ---------------------------------------------
 
@@ -111,9 +119,11 @@ class ProcessState:
         flow: str | None,
         timeout: float | None,
         deadline: float | None,
+        tokens: int | None = None,
     ) -> asyncio.Future[Admission]:
-        """A waiter for `weight` in `flow`, ended after `timeout` or its own `deadline`
-        (seconds, the sooner: "timeout" or "deadline"; a deadline past: "deadline" at once)."""
+        """A waiter for `weight` in `flow` (and an estimate of `tokens` from the limit's rate
+        budgets), ended after `timeout` or its own `deadline` (seconds, the sooner: "timeout"
+        or "deadline"; a deadline past: "deadline" at once)."""
         future: asyncio.Future[Admission] = loop.create_future()
         expire: Callable[[Waiter], None] = self._expire
         if deadline is not None and (timeout is None or deadline < timeout):
@@ -122,7 +132,8 @@ class ProcessState:
                 future.set_result("deadline")
                 return future
             timeout, expire = deadline, self._expire_deadline
-        waiter = self.waiters.add(Waiter(None, future, weight, flow), timeout, loop, expire)
+        waiter = Waiter(None, future, weight, flow, tokens)
+        self.waiters.add(waiter, timeout, loop, expire)
         if self.sync.refusing() or self.closed:
             self._unreachable(waiter)
         else:
@@ -135,7 +146,7 @@ class ProcessState:
         inner, waiter.fallback = waiter.fallback, None
         if inner is not None and self.fallback is not None:
             self.fallback.leave(inner)
-        self.waiters.name(waiter, self._new_id(waiter.weight, waiter.flow))
+        self.waiters.name(waiter, self._new_id(waiter))
         self.sync.send(waiter)
 
     def forget(self, future: asyncio.Future[Admission]) -> bool:
@@ -147,7 +158,7 @@ class ProcessState:
         self._abandon(waiter)
         return True
 
-    def settled(self, future: asyncio.Future[Admission]) -> tuple[int, str | None] | None:
+    def settled(self, future: asyncio.Future[Admission]) -> Handed | None:
         """The task awaiting `future` resumed: what it was handed (None if not admitted)."""
         return self.waiters.settled(future)
 
@@ -175,7 +186,10 @@ class ProcessState:
             return
         self.waiters.end(waiter)
         if not waiter.future.done():  # else cancelled with its task, counted when it leaves
-            self.counts.timed_out()  # a deadline too
+            budget = self._store.budget
+            if budget is not None and budget.blocking() is not None:
+                refusal = "budget"  # slots were free: the budgets held the queue up
+            self.counts.timed_out(refusal)  # a deadline too
             waiter.future.set_result(refusal)
         self._abandon(waiter)
 
@@ -205,9 +219,11 @@ class ProcessState:
             return True
         return False
 
-    def registered(self, waiter: Waiter, status: int) -> None:
-        """Redis answered for `waiter`: admitted, shed, or queued (a notification or the
-        re-check admits it later)."""
+    def registered(self, waiter: Waiter, status: int, second: int, wait_ms: int) -> None:
+        """Redis answered for `waiter`: admitted (its estimate charged in Redis second
+        `second`), shed, or queued (a notification or the re-check admits it later; refused
+        "budget" at once if its estimate alone fits the budgets only in `wait_ms`, after its
+        timeout or deadline)."""
         lease = waiter.id
         assert lease is not None
         waiter.registered = status != SHED  # (a renewal must not queue it again)
@@ -217,9 +233,16 @@ class ProcessState:
                 self.waiters.end(waiter)
                 if status != SHED:
                     self.sync.remove(lease)
+                if status == ADMITTED:
+                    self._unused(lease, str(second))
             return
         if status == ADMITTED:
-            self._admit(waiter, lease)
+            self._admit(waiter, lease, str(second))
+        elif status == QUEUED and wait_ms > 0 and _ends_within(waiter, wait_ms / 1000):
+            self.waiters.end(waiter)
+            self.counts.timed_out("budget")  # it could not be admitted in time
+            waiter.future.set_result("budget")
+            self.sync.remove(lease)
         elif status == SHED:  # the global queue is full
             self.waiters.end(waiter)
             self.counts.shed_one()
@@ -249,16 +272,30 @@ class ProcessState:
         if waiter is None:
             if lease not in self.held:  # it ended here already: give the slot back
                 self.sync.remove(lease)
+                self._unused(lease, "g" + grant_handle(lease))
             return
         if waiter.future.done():  # cancelled with its task: counted when it leaves
             self.waiters.end(waiter)
             if waiter.registered:
                 self.sync.remove(lease)
+                self._unused(lease, "g" + grant_handle(lease))
             return
-        self._admit(waiter, lease)
+        self._admit(waiter, lease, "g" + grant_handle(lease))
 
-    def _admit(self, waiter: Waiter, lease: str) -> None:
-        self.waiters.admitted(waiter)
+    def _unused(self, lease: str, charged: str) -> None:
+        """`lease` was handed to a waiter that had ended: its estimate goes back to the
+        budgets (a grant's only once: its record in Redis is taken as it is)."""
+        budget, tokens = self._store.budget, lease_tokens(lease)
+        if budget is not None and tokens is not None:
+            budget.unused(tokens, charged)
+
+    def _admit(self, waiter: Waiter, lease: str, charged: str) -> None:
+        """`waiter` holds `lease` (and, with budgets, its estimate charged at `charged`)."""
+        budget = self._store.budget
+        if budget is None or waiter.tokens is None:
+            self.waiters.admitted(waiter)
+        else:
+            self.waiters.admitted(waiter, budget.reserved(waiter.tokens, charged))
         self.held[lease] = waiter.sent_at  # (its deadline was set then, or renewed since)
         if lease != waiter.id:  # granted the whole of a limit shrunk under its weight
             self.counts.cap(self._describe, waiter.weight, lease_weight(lease))
@@ -291,7 +328,7 @@ class ProcessState:
     def _hold_fallback(self, waiter: Waiter) -> None:
         """A fallback slot was taken for `waiter`: it gets an id, so that once Redis answers
         again the heartbeat registers it as a lease before anything more is granted."""
-        lease = self._new_id(waiter.weight, waiter.flow)
+        lease = self._new_id(waiter)
         self.sync.register_later(lease)  # (first: never a held slot the heartbeat finds lost)
         self.held.hold_fallback(lease)
 
@@ -355,3 +392,9 @@ class ProcessState:
             waiting[waiter.flow] = (depth + 1, weight + waiter.weight)
         flows = held.keys() | waiting.keys()
         return [FlowStatistics(f, held.get(f, 0), *waiting.get(f, (0, 0))) for f in flows]
+
+
+def _ends_within(waiter: Waiter, seconds: float) -> bool:
+    """True if `waiter`'s timeout or deadline comes before `seconds` from now."""
+    timer = waiter.timer
+    return timer is not None and timer.when() - asyncio.get_running_loop().time() < seconds

@@ -16,12 +16,14 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from ...safe_urls import safe_url
 from ..limit import LimitConfigurationError
 from . import scripts
+from ._budget import SharedBudget
 from ._connection import Connection, misconfiguration
 from ._lane import ScriptLane
 from ._replies import (
@@ -42,6 +44,8 @@ _log = logging.getLogger("gym_concurrency.limits.shared")
 RECHECK_SECONDS: Final = 1.0  # the longest a lost notification can delay a waiter
 _EXPIRY_MARGIN: Final = 0.005  # re-check this long after a lease is due to expire
 _STAMP_STEP_BACK: Final = 1_000_000  # µs: an older stamp by more than this is a clock stepped back
+
+_R = TypeVar("_R", bound=Reply)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +72,10 @@ class RedisStore:
         limit: int,
         fallback_note: str,
         describe: str,
+        budget: SharedBudget | None = None,
     ) -> None:
         self.keys = [base_key + name for name in scripts.KEY_NAMES]
+        self.budget = budget  # the rate budgets kept in Redis, with their figures as last seen
         self.mailbox_prefix = base_key + "mbox:"
         self.lease_ms = max(1, round(lease_seconds * 1000))
         self.limit = limit  # the global size as last seen (or as this process set it)
@@ -149,31 +155,32 @@ class RedisStore:
         """Remove `removals` (as `remove`), then queue (or admit, or shed) waiters `ids`, in
         this order."""
         bound = -1 if max_queue is None else max_queue
-        return acquire_reply(await self._call("acquire", [bound, len(removals), *removals, *ids]))
+        args = [bound, len(removals), *removals, *ids]
+        return await self._call("acquire", args, acquire_reply)
 
     async def remove(self, ids: list[str]) -> Reply:
         """Remove leases given back and waiters that left; their slots pass on."""
-        return common_reply(await self._call("remove", ids))
+        return await self._call("remove", ids, common_reply)
 
     async def leave(self, ids: list[str]) -> Reply:
         """This process closes: remove `ids`, leave the members, drop the mailbox."""
-        return common_reply(await self._call("leave", ids))
+        return await self._call("leave", ids, common_reply)
 
     async def configure(self, pending: PendingSize) -> ConfigureReply:
         """Write a configured size or a resize."""
-        raw = await self._call("configure", [pending.size, pending.kind])
-        return self._eviction_said(configure_reply(raw))
+        reply = await self._call("configure", [pending.size, pending.kind], configure_reply)
+        return self._eviction_said(reply)
 
     def sync_blocking(self, held: list[str], queued: list[str], drops: list[str]) -> SyncReply:
         """Renew `held` and `queued`, drop `drops`; learn of grants and of what Redis lost
         (from the heartbeat thread)."""
-        raw = self._call_blocking("sync", [len(held), *held, len(queued), *queued, *drops])
-        return sync_reply(raw)
+        args = [len(held), *held, len(queued), *queued, *drops]
+        return self._call_blocking("sync", args, sync_reply)
 
     def configure_blocking(self, pending: PendingSize) -> ConfigureReply:
         """`configure`, from the heartbeat thread."""
-        raw = self._call_blocking("configure", [pending.size, pending.kind])
-        return self._eviction_said(configure_reply(raw))
+        reply = self._call_blocking("configure", [pending.size, pending.kind], configure_reply)
+        return self._eviction_said(reply)
 
     def _eviction_said(self, reply: ConfigureReply) -> ConfigureReply:
         """Say once (the first size written, at start) if Redis may evict the limit's keys:
@@ -200,9 +207,10 @@ class RedisStore:
 
     def _args(self, args: list[Any]) -> list[Any]:
         contacted = "1" if self._contacted else "0"  # (a missing limit then means it was lost)
-        return [self.mailbox_prefix, self.lease_ms, self.limit, self.proc, contacted, *args]
+        budget = "" if self.budget is None else self.budget.argument(not self.down)
+        return [self.mailbox_prefix, self.lease_ms, self.limit, self.proc, contacted, budget, *args]
 
-    async def _call(self, script: str, args: list[Any]) -> list[Any]:
+    async def _call(self, script: str, args: list[Any], unpack: Callable[[list[Any]], _R]) -> _R:
         assert self._lane is not None, "start() makes the lane"
         try:
             async with asyncio.timeout(self._redis_timeout):
@@ -211,26 +219,23 @@ class RedisStore:
             raise
         except Exception as error:
             raise _client_failed(error) from error
-        self._answered(raw)
-        return raw
+        return self._answered(unpack(raw))
 
-    def _call_blocking(self, script: str, args: list[Any]) -> list[Any]:
+    def _call_blocking(self, script: str, args: list[Any], unpack: Callable[[list[Any]], _R]) -> _R:
         try:
             raw: list[Any] = self._blocking_scripts[script](keys=self.keys, args=self._args(args))
         except self.failures:
             raise
         except Exception as error:
             raise _client_failed(error) from error
-        self._answered(raw)
-        return raw
+        return self._answered(unpack(raw))
 
     def _state_gone(self) -> None:
         self.state_missing = True
 
-    def _answered(self, raw: list[Any]) -> None:
+    def _answered(self, answer: _R) -> _R:
         """Keep the newest answer's figures (an older one that arrives later is ignored);
-        Redis answers: it is up."""
-        answer = common_reply(raw)
+        Redis answers: it is up. Returns `answer`."""
         with self._lock:
             self._contacted = True
             self.misconfiguration_seen = None
@@ -238,8 +243,10 @@ class RedisStore:
                 self.down = False
                 _log.warning("gym_concurrency: %s reaches Redis again", self._describe)
             if answer.stamp < self._stamp and answer.stamp >= self._stamp - _STAMP_STEP_BACK:
-                return
+                return answer
             self._stamp = answer.stamp
+            if self.budget is not None:
+                self.budget.seen(answer.budget)
             self.held, self.queued = answer.held, answer.queued
             self.queued_weight, self.flows = answer.queued_weight, answer.flows
             if self.pending is None or self.pending.kind != "resize":
@@ -249,6 +256,7 @@ class RedisStore:
                 if answer.expiry_ms >= 0
                 else math.inf
             )
+        return answer
 
     # --- the size and the state's health ------------------------------------------------
 

@@ -56,8 +56,9 @@ class ProcessSide(Protocol):
         goes to the local fallback (Redis away, the limit closed)."""
         ...
 
-    def registered(self, waiter: Waiter, status: int) -> None:
-        """Redis answered for `waiter`: QUEUED, ADMITTED or SHED (`_replies`)."""
+    def registered(self, waiter: Waiter, status: int, second: int, wait_ms: int) -> None:
+        """Redis answered for `waiter`: QUEUED, ADMITTED or SHED (`_replies`); with rate
+        budgets, the second its estimate was charged in, and the ms until it alone fits."""
         ...
 
     def unanswered(self, waiter: Waiter) -> None:
@@ -118,7 +119,7 @@ class RedisSync:
         self._unremoved: list[str] = []  # ids given back, not yet removed from Redis
         self._sending = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.background: set[asyncio.Task[None]] = set()
+        self.background: set[asyncio.Task[object]] = set()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Forget everything (a new process, or a new loop) and run on `loop`."""
@@ -143,7 +144,7 @@ class RedisSync:
         with self.lock:
             return [*self.dropping, *self._deferred, *self._unremoved]
 
-    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, work: Coroutine[Any, Any, object]) -> None:
         """Run `work` in the background (close() waits for it)."""
         assert self._loop is not None
         task = self._loop.create_task(work)
@@ -165,6 +166,12 @@ class RedisSync:
         self._unsent.append(waiter)
         self._start_sending()
 
+    def flush(self) -> None:
+        """Settlements or readings of the rate budgets wait: a script call soon carries them
+        (the heartbeat's, if Redis is away)."""
+        if self._loop is not None and not self._store.down:
+            self._start_sending()
+
     def _start_sending(self) -> None:
         if not self._sending:
             self._sending = True
@@ -175,7 +182,7 @@ class RedisSync:
         each per script call, one call in flight: the tickets keep the arrival order (pooled
         connections would not), and a release and an acquire of one moment cost one call."""
         try:
-            while self._unsent or self._unremoved:
+            while self._unsent or self._unremoved or self._budget_due():
                 removals = self._unremoved[:_BATCH]
                 del self._unremoved[:_BATCH]
                 if removals and self._store.down:  # the heartbeat removes them once it answers
@@ -186,10 +193,14 @@ class RedisSync:
                 waiters = [waiter for waiter in batch if self._here.sendable(waiter)]
                 if waiters:
                     await self._register_batch(waiters, removals)
-                elif removals:
+                elif removals or self._budget_due():
                     await self._remove_batch(removals)
         finally:
             self._sending = False
+
+    def _budget_due(self) -> bool:
+        budget = self._store.budget
+        return budget is not None and budget.pending and not self._store.down
 
     def refusing(self) -> bool:
         """True while this process must not ask Redis for slots: Redis is away, leases of
@@ -237,8 +248,10 @@ class RedisSync:
             if not failed:
                 raise
             return
-        for waiter, status in zip(waiters, reply.statuses, strict=True):
-            self._here.registered(waiter, status)
+        second = 0 if reply.budget is None else reply.budget.second
+        waits = reply.waits or (0,) * len(waiters)
+        for waiter, status, wait in zip(waiters, reply.statuses, waits, strict=True):
+            self._here.registered(waiter, status, second, wait)
 
     def register_later(self, lease: str) -> None:
         """The local fallback admitted slot `lease` (held here): the heartbeat registers it in

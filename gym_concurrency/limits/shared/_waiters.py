@@ -10,18 +10,23 @@ import math
 from collections.abc import Callable
 
 from ..limit import Admission
+from ._budget import SharedReservation
 
-__all__ = ["Waiter", "Waiters"]
+__all__ = ["Handed", "Waiter", "Waiters"]
+
+Handed = tuple[int, str | None, SharedReservation | None]
+"""What an admitted waiter was handed: its weight, its flow, its budgets' reservation."""
 
 
 class Waiter:
     """One local wait for `weight` in `flow`: `id` while it queues in Redis (None once it
     waits in the fallback), `registered` once Redis has its ticket (`sent_at`: when it was sent,
-    monotonic), `fallback` its future in the local fallback."""
+    monotonic), `fallback` its future in the local fallback, `tokens` its estimate for the
+    limit's rate budgets (None: none)."""
 
     __slots__ = (
-        "fallback", "flow", "future", "id", "registered", "sent_at", "timer", "unavailable",
-        "weight",
+        "fallback", "flow", "future", "id", "registered", "sent_at", "timer", "tokens",
+        "unavailable", "weight",
     )  # fmt: skip
 
     def __init__(
@@ -30,8 +35,10 @@ class Waiter:
         future: asyncio.Future[Admission],
         weight: int = 1,
         flow: str | None = None,
+        tokens: int | None = None,
     ) -> None:
         self.id = ident
+        self.tokens = tokens
         self.future = future
         self.weight = weight
         self.flow = flow
@@ -51,8 +58,8 @@ class Waiters:
     def __init__(self) -> None:
         self._by_future: dict[asyncio.Future[Admission], Waiter] = {}
         self._by_id: dict[str, Waiter] = {}  # queued (or queueing) in Redis
-        # Admitted, their task not resumed yet: what each asked for (weight, flow).
-        self._handed: dict[asyncio.Future[Admission], tuple[int, str | None]] = {}
+        # Admitted, their task not resumed yet: what each was handed.
+        self._handed: dict[asyncio.Future[Admission], Handed] = {}
         self.weight = 0
 
     def __len__(self) -> int:
@@ -84,13 +91,14 @@ class Waiters:
             waiter.timer.cancel()
             waiter.timer = None
 
-    def admitted(self, waiter: Waiter) -> None:
-        """`waiter` was handed its slot: it waits no more, and what it asked for is kept until
-        its task resumes (`settled()`): a task that leaves at that moment gives that back."""
+    def admitted(self, waiter: Waiter, reservation: SharedReservation | None = None) -> None:
+        """`waiter` was handed its slot (and `reservation`): it waits no more, and what it was
+        handed is kept until its task resumes (`settled()`): a task that leaves at that moment
+        gives that back."""
         self.end(waiter)
-        self._handed[waiter.future] = (waiter.weight, waiter.flow)
+        self._handed[waiter.future] = (waiter.weight, waiter.flow, reservation)
 
-    def settled(self, future: asyncio.Future[Admission]) -> tuple[int, str | None] | None:
+    def settled(self, future: asyncio.Future[Admission]) -> Handed | None:
         """The task awaiting `future` resumed: what it was handed (None if not admitted)."""
         return self._handed.pop(future, None)
 

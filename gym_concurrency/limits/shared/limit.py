@@ -1,14 +1,12 @@
 """SharedLimit: one concurrency limit shared by every process that names it, through Redis.
 
-A slot is a lease in Redis with a unique id; one heartbeat per limit and process, on a
-thread of its own (so that a blocked event loop keeps its leases), renews all of this
-process's leases and waiters every `lease_seconds / 3`, so a process that dies loses them
-within `lease_seconds`. Waiters queue across processes in ticket order and are handed their
-slot by whichever process frees one (atomically, in a Lua script), then woken through their
-process's mailbox (a blocking list), with a re-check at least every second. A process that
-cannot renew its leases within the lease counts them lost and admits nothing more until
-Redis has them again. The state read at export is plain numbers kept in process: no Redis
-call from the observer.
+A slot is a lease in Redis; one heartbeat per limit and process, on a thread of its own,
+renews this process's leases and waiters every `lease_seconds / 3` (a dead process loses
+them within `lease_seconds`). Waiters queue across processes in ticket order, are handed
+their slot by whichever process frees one (in a Lua script) and woken through their
+process's mailbox, with a re-check at least every second. Leases not renewed within the
+lease are lost: nothing more is admitted until Redis has them again. Exported figures are
+plain numbers kept in process: no Redis call from the observer.
 
 Needs the `redis` package (the `[redis]` extra), imported only when a limit first connects.
 """
@@ -16,18 +14,24 @@ Needs the `redis` package (the `[redis]` extra), imported only when a limit firs
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import os
 from collections.abc import Callable, Hashable
-from typing import Final
 
 from .._base import LimitBase, check_count
 from ..admission_counts import AdmissionCounts
+from ..asks import check_tokens
 from ..deadlines import check_deadline
 from ..flows import FlowStatistics
-from ..limit import Admission, GlobalStatistics, LimitConfigurationError, LimitStatistics
+from ..limit import (
+    Admission,
+    GlobalStatistics,
+    LimitStatistics,
+    UpstreamCapacityError,
+)
+from ..rate_budget import RateBudget, RateBudgetStatistics
+from ..upstream import UpstreamRefusal
 from . import scripts
+from ._budget import SharedBudget, SharedReservation
 from ._checks import (
     RedisUnavailable,
     check_ask,
@@ -37,7 +41,7 @@ from ._checks import (
     check_timing,
     check_url,
 )
-from ._loops import Heartbeat, mailbox
+from ._lifecycle import Lifecycle
 from ._process_state import ProcessState
 from ._store import RedisStore
 
@@ -45,9 +49,6 @@ __all__ = ["LeaseLostHook", "SharedLimit"]
 
 LeaseLostHook = Callable[["SharedLimit", tuple[str, ...]], None]
 """Called on the event loop with the limit and the ids of the leases it could not renew."""
-
-
-_CLOSE_SECONDS: Final = 2.0  # how long close() waits for in-flight Redis calls
 
 
 class SharedLimit(LimitBase):
@@ -65,16 +66,21 @@ class SharedLimit(LimitBase):
     Leases this process could not renew within `lease_seconds` are counted in
     `admission_lease_lost`, logged, and handed to `on_lease_lost(limit, ids)`.
 
+    `budget` (a RateBudget, "sliding" only: its sizes are read, its state is kept in Redis,
+    `shared_budget`) adds rate budgets shared by every process: an admission takes its slot
+    and its estimate together or neither, in the same script call; `settle()` hands the
+    waiter its SharedReservation, closed as a RateBudget's Reservation is (see `_budget` and
+    docs/rate-budgets.md).
+
     Processes share a limit by its key: `key` if given, else `component/server/limit_name`
     (those given), under `key_prefix`. `connect()` raises LimitConfigurationError for a
     misconfiguration (authentication, TLS, missing commands, a size other processes on the
     limit disagree with). Implements `gym_concurrency.limits.Limit`.
 
-    Its parts: `_store` (Redis, and the global state as last seen), `_state` (this
-    process's slots, waiters and local fallback; it counts how waits end in `_counts`),
-    `_sync` (what Redis must be told, and what it answers: `_state`'s link to Redis),
-    `_heartbeat` (renewals, a thread).
-    """
+    Its parts: `_store` (Redis, the global state as last seen), `_state` (this process's
+    slots, waiters, fallback; it counts how waits end in `_counts`), `_sync` (`_state`'s
+    link to Redis), `_heartbeat` (renewals, a thread), `_life` (its loop, tasks, connect and
+    close), `_shared_budget` (the rate budgets kept in Redis, or None)."""
 
     _scope = "global"
     _label = "shared limit"
@@ -97,6 +103,7 @@ class SharedLimit(LimitBase):
         redis_timeout: float = 1.0,
         max_connections: int = 64,
         on_lease_lost: LeaseLostHook | None = None,
+        budget: RateBudget | None = None,
     ) -> None:
         owner = type(self).__name__
         check_count(owner, "value", value)
@@ -119,6 +126,11 @@ class SharedLimit(LimitBase):
         self._lease_seconds = float(lease_seconds)
         self._mode: RedisUnavailable = redis_unavailable
         self._local_max = local_max_concurrent
+        fallback = "refused" if redis_unavailable == "refuse" else "admitted through the fallback"
+        self._rate_budget = budget  # its sizes; its state is `_shared_budget`'s, in Redis
+        self._shared_budget: SharedBudget | None = None
+        if budget is not None:
+            self._shared_budget = SharedBudget(budget, wake=lambda: self._sync.flush())
         self._store = RedisStore(
             redis_url=redis_url,
             base_key=f"{key_prefix}:{{{shared_key}}}:",
@@ -126,10 +138,9 @@ class SharedLimit(LimitBase):
             redis_timeout=float(redis_timeout),
             max_connections=max_connections,
             limit=value,
-            fallback_note="refused"
-            if redis_unavailable == "refuse"
-            else "admitted through the local fallback",
+            fallback_note=fallback,
             describe=self._describe(),
+            budget=self._shared_budget,
         )
         self._state = ProcessState(
             self._store,
@@ -141,16 +152,10 @@ class SharedLimit(LimitBase):
             describe=self._describe(),
         )
         self._sync = self._state.sync
-        self._heartbeat = Heartbeat(
-            self._store,
-            self._sync,
-            self._state,
-            lease_seconds=self._lease_seconds,
-            describe=self._describe(),
+        self._life = Lifecycle(
+            self._store, self._state, lease_seconds=self._lease_seconds, describe=self._describe
         )
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._pid = 0
-        self._tasks: list[asyncio.Task[None]] = []
+        self._heartbeat = self._life.heartbeat
         self._register()
 
     # --- settings --------------------------------------------------------------------
@@ -242,6 +247,21 @@ class SharedLimit(LimitBase):
         return self._sync.lease_lost
 
     @property
+    def budget(self) -> RateBudget | None:
+        """The RateBudget this limit was given: its sizes. Its own state is not used: the
+        budgets' state is in Redis (`shared_budget`, `budget_statistics()`)."""
+        return self._rate_budget
+
+    @property
+    def shared_budget(self) -> SharedBudget | None:
+        """The rate budgets shared across processes (settle, report, statistics), or None."""
+        return self._shared_budget
+
+    def budget_statistics(self) -> RateBudgetStatistics | None:
+        """The budgets as last seen (no Redis call), or None without budgets."""
+        return None if self._shared_budget is None else self._shared_budget.statistics()
+
+    @property
     def connected(self) -> bool:
         """False while Redis is known to be unreachable (or leases of this process are lost
         and not counted in Redis again yet)."""
@@ -262,6 +282,8 @@ class SharedLimit(LimitBase):
             flows=state.waiters.flows(),
             admission_unavailable=state.unavailable,
             admission_lease_lost=self._sync.lease_lost,
+            admission_budget=counts.over_budget,
+            admission_saturated=counts.saturated,
             shared=GlobalStatistics(
                 self.global_active,
                 store.queued,
@@ -298,39 +320,84 @@ class SharedLimit(LimitBase):
 
     # --- admission -------------------------------------------------------------------
 
-    def try_acquire(self, weight: int = 1, flow: Hashable = None) -> bool:
+    def try_acquire(
+        self, weight: int = 1, flow: Hashable = None, *, tokens: int | None = None
+    ) -> bool:
         """Always False: a shared slot needs a round trip to Redis, so every admission goes
         through `enqueue()` (which never admits beyond the global limit)."""
         self._check_ask(weight, flow)
+        if tokens is not None:
+            check_tokens(type(self).__name__, tokens)
         return False
 
     def enqueue(
-        self, weight: int = 1, flow: Hashable = None, deadline: float | None = None
+        self,
+        weight: int = 1,
+        flow: Hashable = None,
+        deadline: float | None = None,
+        *,
+        tokens: int | None = None,
     ) -> asyncio.Future[Admission]:
         """Join the global queue: the future ends "admitted" (the slot is held), "timeout"
         (the limit's timeout), "deadline" (`deadline` seconds from now, when sooner; at once
-        if past), "shed" (the global queue was full) or "unavailable" (Redis could not be
-        reached and the mode is "refuse"). `flow` (None or a string, named the same in every
-        process) is served fairly across processes; FIFO within it."""
+        if past), "shed" (the global queue was full), "unavailable" (Redis could not be
+        reached and the mode is "refuse") or "budget" (the budgets could not hold `tokens`, the
+        estimate, default the weight, in time). `flow` (None or a string, named the same in
+        every process) is served fairly across processes; FIFO within it."""
         flow = self._check_ask(weight, flow)
+        asked = weight if tokens is None else check_tokens(type(self).__name__, tokens)
+        tokens = None  # (no budgets: an estimate is not used)
+        if self._shared_budget is not None:
+            tokens, capped = self._shared_budget.estimate(asked)
+            if capped:
+                self._count_capped(asked, tokens, "an estimate of tokens")
         loop = asyncio.get_running_loop() if self._state.closed else self._bind()
         if deadline is not None:
             deadline = check_deadline(type(self).__name__, deadline)
-        return self._state.enqueue(loop, weight, flow, self._timeout, deadline)
+        return self._state.enqueue(loop, weight, flow, self._timeout, deadline, tokens)
+
+    # LimitBase's acquire(), hold() and `async with` serve this kind as they are; these
+    # three hooks only say where its budgets are: in Redis, not in an `upstream` (whose
+    # RateBudget meters a process), so LimitBase cannot see them by itself.
+    def _asks_upstream(self) -> bool:
+        return self._shared_budget is not None
+
+    def _enqueue_tokens(
+        self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
+    ) -> asyncio.Future[Admission]:
+        return self.enqueue(weight, flow, deadline, tokens=tokens)
+
+    def _upstream_refused(self, refusal: UpstreamRefusal, tokens: int) -> UpstreamCapacityError:
+        # The budgets are in Redis, not an `upstream`: when they hold the call is as last
+        # seen (how long the waiter chosen next still waits for them).
+        budget = self._shared_budget
+        if refusal != "budget" or budget is None:
+            return super()._upstream_refused(refusal, tokens)
+        wait = budget.blocking()
+        when = "not known yet" if wait is None else f"in {wait:.3f} s"
+        message = (
+            f"{self._describe()}: the rate budget could not hold {tokens} tokens within the "
+            f"wait allowed (it holds them {when})"
+        )
+        return UpstreamCapacityError(message, "budget", wait)
 
     def _forget(self, waiter: asyncio.Future[Admission]) -> bool:
         return self._state.forget(waiter)
 
-    def settle(self, waiter: asyncio.Future[Admission]) -> None:
-        """The task awaiting `waiter` resumed: what it was handed is its own to release."""
-        self._state.settled(waiter)
+    def settle(self, waiter: asyncio.Future[Admission]) -> SharedReservation | None:
+        """The task awaiting `waiter` resumed: what it was handed is its own to release; its
+        budgets' reservation (None: no budgets, or not admitted) its own to settle."""
+        handed = self._state.settled(waiter)
+        return None if handed is None else handed[2]
 
     def _give_back(self, waiter: asyncio.Future[Admission]) -> None:
         """Release what was handed to `waiter` (its weight, in its flow), whose task left
-        before it resumed."""
-        ask = self._state.settled(waiter)
-        if ask is not None:
-            self.release(*ask)
+        before it resumed; its reservation is cancelled (the call was never sent)."""
+        handed = self._state.settled(waiter)
+        if handed is not None:
+            self.release(handed[0], handed[1])
+            if handed[2] is not None:
+                handed[2].cancel()
 
     def _check_ask(self, weight: int, flow: Hashable, *, limit: bool = True) -> str | None:
         return check_ask(self._describe(), weight, flow, self._store.limit if limit else None)
@@ -346,87 +413,23 @@ class SharedLimit(LimitBase):
         Applied as soon as Redis answers (again)."""
         check_count(type(self).__name__, "limit", limit)
         self._store.resize(limit)
-        if self._loop is not None and not self._state.closed and not self._sync.refusing():
-            self._sync.spawn(self._resize())  # (else the heartbeat, once its holders count)
-
-    async def _resize(self) -> None:
-        await self._sync.sizes.apply()
+        if self._life.loop is not None and not self._state.closed and not self._sync.refusing():
+            self._sync.spawn(self._sync.sizes.apply())  # (else the heartbeat, once holders count)
 
     # --- lifecycle -------------------------------------------------------------------
 
     async def connect(self) -> bool:
         """Start the heartbeat and the mailbox (done by the first admission anyway) and set
         the configured size; True if Redis answered. Never raises for an unreachable Redis."""
-        if self._state.closed:
-            return False
-        with self._sync.sizes.connecting():  # the size is applied here, its conflict raised once
-            self._bind()
-            error = await self._sync.sizes.apply()
-            if error is not None and not isinstance(error, LimitConfigurationError):
-                # The heartbeat's first call may say more (a TLS handshake that outlasted
-                # this call's timeout, say): a misconfiguration, or an outage after all.
-                await self._heartbeat.first_renewal(self._lease_seconds)
-                error = self._store.misconfigured_by(error)
-        if error is not None:
-            self._store.misconfigure(str(error))
-            await self.close()
-            raise error
-        return not self._store.down
+        return await self._life.connect()
 
     async def close(self) -> None:
         """Stop the heartbeat, end this process's waiters "unavailable", remove its leases
         and waiters from Redis, and close the connections. Later admissions are refused
         "unavailable" (or go to the local fallback)."""
-        if self._state.closed:
-            return
-        self._state.close()
-        if self._loop is None:
-            return
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.wait(self._tasks)  # (they also stop on their own once closed)
-        self._tasks = []
-        await self._heartbeat.join()
-        ids = self._state.end_waiters()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(_CLOSE_SECONDS):
-                # Registrations in flight remove what they made. (A task that is done may
-                # still be in the set until its callback runs: waiting on it would not yield.)
-                while pending := [t for t in self._sync.background if not t.done()]:
-                    await asyncio.wait(pending)
-        ids += self._sync.unsent_ids()
-        if not self._store.down:
-            with contextlib.suppress(*self._store.failures):
-                await self._store.leave(ids)
-        await self._store.aclose()
+        await self._life.close()
 
     aclose = close  # for contextlib.aclosing()
 
-    # --- the connection ------------------------------------------------------------
-
     def _bind(self) -> asyncio.AbstractEventLoop:
-        """The running loop; on first use (or in a forked child) connect and start tasks."""
-        loop = asyncio.get_running_loop()
-        if self._loop is loop and self._pid == os.getpid():
-            return loop
-        if self._loop is not None and self._pid == os.getpid() and not self._loop.is_closed():
-            raise RuntimeError(f"{self._describe()} is in use on another event loop")
-        self._start(loop)
-        return loop
-
-    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._heartbeat.end_previous()  # (a new event loop: the old one closed)
-        self._loop = loop
-        self._pid = os.getpid()
-        proc = self._state.start()
-        self._sync.start(loop)
-        self._store.start(proc)
-        self._heartbeat.start()
-        describe = self._describe()
-        box = self._store.mailbox_prefix + proc
-        self._tasks = [
-            loop.create_task(
-                mailbox(self._store, self._sync, self._state, box, describe=describe),
-                name=f"{describe} mailbox",
-            ),
-        ]
+        return self._life.bind()

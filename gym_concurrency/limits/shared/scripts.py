@@ -3,7 +3,8 @@ Redis (or Valkey), reads the limit's state once and writes it once, and keeps ti
 limit's own clock (Redis `TIME`, never a client's, less the time Redis was stopped).
 
 The Lua is in `lua/` beside this module (package data): every script is `state.lua` (keys,
-arguments, the state read once), `flows.lua` (fair queuing by flow), `queue.lua` (clock,
+arguments, the state read once), `flows.lua` (fair queuing by flow), `budget.lua` (rate
+budgets), `queue.lua` (clock,
 grace periods, leases, the queue, `answer()`) and its own file, read once at import into the
 constants below; `_store` registers them and unpacks their answers.
 
@@ -26,11 +27,14 @@ Keys, all under one hash tag so that they live in one cluster slot (`KEYS` order
                  g     until when (Redis's ms) a grace period lasts
                  run   the run id of the Redis that keeps the state (see `CHECK_SERVER`)
                  fw, fh, f0, x, fn  fair queuing by flow (see `_lua_flows`)
+                 b     the rate budgets' counts (JSON; see `budget.lua`)
 7. `members`     ZSET process id -> deadline (clock ms): the processes alive on this limit
 8-11. `fq`, `ready`, `fheld`, `dq`: fair queuing by flow (see `_lua_flows`)
 12. `capped`     HASH waiter id -> its lease's id, for a waiter granted less than it asked
                  (see below), while the lease is held
-13. `mbox:<proc>` LIST of lease ids granted to process `<proc>` (its waiters are woken by
+13. `budget`     HASH `<budget><second>` -> charged, `m`: the budgets' window (budget.lua)
+14. `bgrant`     ZSET `<proc>:<n>` -> the second charged, for waiters granted from the queue
+15. `mbox:<proc>` LIST of lease ids granted to process `<proc>` (its waiters are woken by
                  BLPOP); the key is the common `ARGV[1]` prefix plus the process id
 
 `limit`, `configured` and `state` stay once made; the others are gone once nothing is held,
@@ -50,15 +54,27 @@ passed; capacity that frees is kept for it until its weight fits. One heavier th
 lease id that adds `/<granted>` to its own (`<proc>:<n>*<w>/<c>@<flow>` weighs c): the
 weight counted is in the id as ever, and `capped` lets a renewal naming the waiter find it.
 
-Every script takes the same first five arguments: mailbox prefix, lease milliseconds, the
-limit as last seen (restored if the state is gone), this process's id, and "1" if this
-process has seen the limit's state before (so that its absence means Redis lost it).
+Every script takes the same first six arguments: mailbox prefix, lease milliseconds, the
+limit as last seen (restored if the state is gone), this process's id, "1" if this
+process has seen the limit's state before (so that its absence means Redis lost it), and
+the rate budgets with the settlements and provider readings to apply first (`budget.lua`;
+"" for a limit without budgets, for which none of it runs).
 Every script answers `{status, limit, weight held, waiters queued, stamp, expiry, weight
-queued, flows waiting, ...}`: Redis's time in microseconds, and milliseconds until a lease
-may expire or the grace period ends (-1: neither).
+queued, flows waiting, budgets, ...}`: Redis's time in microseconds, milliseconds until a
+lease may expire, the grace period ends or the waiter chosen next fits the budgets (-1:
+none), and the budgets as JSON ("" without): `s` the second charged now, `b` ms the waiter
+chosen next waits for them (-1: none), `r` each budget's remaining, `p` the provider's
+reading in force.
+
+With budgets (13. `budget`, 14. `bgrant`: see `budget.lua`), a waiter's estimate rides in
+its id (`<proc>:<n>.<tokens>`), and an admission takes its slot and its estimate together or
+neither: at once in ACQUIRE, or when `grant` hands it a slot (the waiter chosen next that
+fits in slots but not in the budgets is not passed; the answer says how long it waits).
 
 Commands per call, on the admission path: an admission 4 (TIME, HMGET, ZADD, HSET), a
-release 4, a waiter queued 5, a release that hands its slot on 9.
+release 4, a waiter queued 5, a release that hands its slot on 9. With budgets, an admission
+1 more (HSET of the second's charges), a settlement that refunds 2 (HMGET, HSET), and once a
+second 3 (HMGET, HDEL of the seconds that left the window, PEXPIRE).
 """
 
 from __future__ import annotations
@@ -72,7 +88,7 @@ __all__ = [
 
 KEY_NAMES: Final = (
     "limit", "queue", "wexp", "leases", "configured", "state", "members",
-    "fq", "ready", "fheld", "dq", "capped",
+    "fq", "ready", "fheld", "dq", "capped", "budget", "bgrant",
 )  # fmt: skip
 
 CONFLICT: Final = 3  # CONFIGURE's status: live processes hold another size for this limit
@@ -83,7 +99,9 @@ def _lua(name: str) -> str:
     return (files(__package__) / "lua" / name).read_text(encoding="utf-8")
 
 
-_PRELUDE: Final = "".join(_lua(name) for name in ("state.lua", "flows.lua", "queue.lua"))
+_PRELUDE: Final = "".join(
+    _lua(name) for name in ("state.lua", "flows.lua", "budget.lua", "queue.lua")
+)
 
 
 def _script(name: str) -> str:
@@ -91,27 +109,29 @@ def _script(name: str) -> str:
     return _PRELUDE + _lua(name)
 
 
-# ARGV[6] max_queue (-1: unbounded), ARGV[7] n, then n ids to remove first (as REMOVE: a
+# ARGV[7] max_queue (-1: unbounded), ARGV[8] n, then n ids to remove first (as REMOVE: a
 # release and an acquire of the same moment cost one call), then new waiter ids in this
 # process's arrival order. Each is admitted at once if nobody queues, no grace period runs
 # and a slot is free, shed if max_queue already wait, else queued with the next ticket.
-# Answers {0, limit, held, queued, stamp, expiry, queued weight, flows, statuses}: a status
-# per new id, 0 queued, 1 admitted (its weight fit), 2 shed. One heavier than the limit (its
-# process saw an older, larger size) is queued, and granted at once if the limit is idle.
+# Answers {0, limit, held, queued, stamp, expiry, queued weight, flows, budgets, statuses,
+# waits}: a status per new id, 0 queued, 1 admitted (its weight and estimate fit), 2 shed;
+# with budgets, per new id the ms until its estimate alone fits them (0: now). One heavier
+# than the limit (its process saw an older, larger size) is queued, and granted at once if
+# the limit is idle.
 ACQUIRE: Final = _script("acquire.lua")
 
 
-# ARGV[6...] ids: leases given back, waiters that left, anything to drop. Frees their slots
+# ARGV[7...] ids: leases given back, waiters that left, anything to drop. Frees their slots
 # to the oldest waiters. Answers the common head (see `answer`). Idempotent.
 REMOVE: Final = _script("remove.lua")
 
 
-# A process closes: as REMOVE for ARGV[6...], and the process leaves the members and drops
+# A process closes: as REMOVE for ARGV[7...], and the process leaves the members and drops
 # its mailbox. Answers the common head.
 LEAVE: Final = _script("leave.lua")
 
 
-# The heartbeat and re-check of one process. ARGV[6] = n held lease ids, then those ids;
+# The heartbeat and re-check of one process. ARGV[7] = n held lease ids, then those ids;
 # then m queued waiter ids (count first), then ids to drop (the rest). It also checks the
 # state's counts against the keys: fewer leases than counted means the leases key was lost
 # (a grace period); the counts are set to the keys'. Drops come first. Held leases are
@@ -124,7 +144,7 @@ LEAVE: Final = _script("leave.lua")
 SYNC: Final = _script("sync.lua")
 
 
-# ARGV[6] size, ARGV[7] "resize" (set it) or "configure" (a process starts with this size).
+# ARGV[7] size, ARGV[8] "resize" (set it) or "configure" (a process starts with this size).
 # A configured size is taken if the limit's state is missing (restored as above), if it is
 # the size processes start with or the size in force (a process restarting keeps a runtime
 # resize), or if no other process lives on the limit (a new configuration rolls out once

@@ -1,17 +1,20 @@
 -- ACQUIRE: KEYS, ARGV and the answer are described in scripts.py.
 current_limit()
-local removals = tonumber(ARGV[7])
-for i = 8, 7 + removals do remove(ARGV[i]) end
+budget_ops()
+local removals = tonumber(ARGV[8])
+for i = 9, 8 + removals do remove(ARGV[i]) end
 reap_leases()
 grant()
-local max_queue = tonumber(ARGV[6])
-local statuses = {}
+local max_queue = tonumber(ARGV[7])
+local statuses, waits = {}, {}
 local over = false
-for i = 8 + removals, #ARGV do
+for i = 9 + removals, #ARGV do
   local id = ARGV[i]
   local status = 0
-  if S.queued == 0 and not in_grace() and S.held + weight(id) <= S.limit then
+  local free = S.queued == 0 and not in_grace() and S.held + weight(id) <= S.limit
+  if free and budget_wait(id, true) == 0 then
     add_lease(id, now + TTL)
+    budget_charge(id, false)
     status = 1
   elseif max_queue >= 0 and S.queued >= max_queue then
     status = 2
@@ -20,8 +23,9 @@ for i = 8 + removals, #ARGV do
     over = over or weight(id) > S.limit
   end
   statuses[#statuses + 1] = status
+  if budget() then waits[#waits + 1] = status == 0 and budget_wait(id, free) or 0 end
 end
 -- With flows, one queued behind others may be the fair next (its flow holds the least): it
 -- is granted now, not at the next call; so is one over the limit, on a limit that is idle.
 if S.fw > 0 or over then grant() end
-return answer(0, statuses)
+return answer(0, statuses, waits)

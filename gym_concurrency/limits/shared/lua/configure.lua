@@ -1,7 +1,7 @@
 -- CONFIGURE: KEYS, ARGV and the answer are described in scripts.py.
 reap_waiters()
 local CONFLICT = 3
-local size, kind = tonumber(ARGV[6]), ARGV[7]
+local size, kind = tonumber(ARGV[7]), ARGV[8]
 local configured = tonumber(redis.call('GET', K_CONFIGURED))
 local status = 0
 if S.limit == nil then

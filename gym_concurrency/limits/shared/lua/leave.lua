@@ -1,6 +1,7 @@
 -- LEAVE: KEYS, ARGV and the answer are described in scripts.py.
 current_limit()
-for i = 6, #ARGV do remove(ARGV[i]) end
+budget_ops()
+for i = 7, #ARGV do remove(ARGV[i]) end
 redis.call('ZREM', K_MEMBERS, PROC)
 redis.call('DEL', MBOX .. PROC)
 reap_leases()

@@ -135,7 +135,10 @@ local function flow_take()
       id, ticket = flow_next()
       if id == nil then return nil end
     end
-    if S.held + fitted(id) > S.limit then S.chosen = id return nil end
+    if S.held + fitted(id) > S.limit or budget_wait(id, true) > 0 then
+      S.chosen = id
+      return nil
+    end
     -- (its lease, or `rescore`, puts its flow's next head in)
     if unqueue(id, ticket, true) == 1 then return id end
     reflow()
@@ -167,7 +170,7 @@ local function grant()
       local head = redis.call('ZPOPMIN', K_QUEUE)
       if #head == 0 then S.queued, S.queued_weight = 0, 0 return end  -- (the queue key lost)
       id = head[1]
-      if S.held + fitted(id) > S.limit then
+      if S.held + fitted(id) > S.limit or budget_wait(id, true) > 0 then
         redis.call('ZADD', K_QUEUE, head[2], id)  -- (back at its place, first)
         S.chosen = id
         return
@@ -180,6 +183,7 @@ local function grant()
       if deadline >= now then
         local lease = capped_lease(id)
         leased = add_lease(lease, deadline)
+        if leased then budget_charge(id, true) end
         redis.call('RPUSH', MBOX .. string.match(id, '^[^:]+'), lease)
       end
     end
@@ -213,26 +217,30 @@ local function remove(id)
 end
 
 -- Write the state once, and answer {status, limit, held, queued, stamp, expiry, queued
--- weight, ...} (held and queued weight in weight units, queued in waiters): the
+-- weight, flows, budgets, ...} (held and queued weight in weight units, queued in waiters;
+-- budgets: see `budget_save`, "" without): the
 -- stamp (Redis's µs; scripts run one at a time) lets a client ignore an older answer that
 -- reaches it after a newer one; expiry is the milliseconds until a lease may expire or the
--- grace period ends (-1: neither), when a process with waiters checks again.
+-- grace period ends or the waiter chosen next fits the budgets (-1: none of them), when a
+-- process with waiters checks again.
 local function answer(status, ...)
   if S.queued == 0 then S.seq = 0 end  -- (tickets restart from anything)
   if S.run == false then
     S.run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
   end
+  local kept, said, blocked = budget_save()
   redis.call('HSET', K_STATE, 'v', now, 't', real, 'l', S.limit, 'n', S.held,
     'q', S.queued, 's', S.seq, 'e', S.earliest, 'g', S.grace, 'run', S.run,
     'c', S.leases, 'w', S.queued_weight, 'fw', S.fw, 'fh', S.fh, 'f0', S.t0, 'x', S.chosen,
-    'fn', S.nf)
+    'fn', S.nf, 'b', kept or S.budget or '')
   local expiry = -1
   if S.leases > 0 then expiry = math.max(0, S.earliest - now) end
   local grace = S.grace - real
   if grace > 0 and (expiry < 0 or grace < expiry) then expiry = grace end
+  if blocked and blocked >= 0 and (expiry < 0 or blocked < expiry) then expiry = blocked end
   local stamp = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local flows = S.fw > 0 and S.nf or math.min(S.queued, 1)
-  local out = {status, S.limit, S.held, S.queued, stamp, expiry, S.queued_weight, flows}
+  local out = {status, S.limit, S.held, S.queued, stamp, expiry, S.queued_weight, flows, said}
   for _, value in ipairs({...}) do out[#out + 1] = value end
   return out
 end

@@ -13,9 +13,10 @@ if leases == 0 then S.earliest = 0 end
 reap_waiters()
 member()
 reap_leases()
-local n = tonumber(ARGV[6])
-local held_from, queued_from = 7, 8 + n
-local drops_from = queued_from + tonumber(ARGV[7 + n])
+budget_ops()
+local n = tonumber(ARGV[7])
+local held_from, queued_from = 8, 9 + n
+local drops_from = queued_from + tonumber(ARGV[8 + n])
 -- Drops first: a slot they free is one a lost lease may take back.
 for j = drops_from, #ARGV do remove(ARGV[j]) end
 local reclaimed, granted, requeued = {}, {}, {}

@@ -1,0 +1,267 @@
+"""A shared limit's rate budgets: a RateBudget's sizes kept in Redis for every process that
+shares the limit, reserved with the slot in the same script call (lua/budget.lua).
+
+`SharedBudget` is what `SharedLimit.shared_budget` is: the same calls as a RateBudget's for
+what happens after an admission (`settle`, `charge_in_full`, `cancel`, `report`,
+`statistics`), on the reservations the limit hands out with its slots (`SharedReservation`,
+a BudgetReservation: closed by its own `settle`, `charge_in_full` or `cancel` too, as a
+RateBudget's `Reservation` is). Settlements and
+provider readings are not calls of their own: they ride on this process's next script call
+(a release's, an admission's, or the heartbeat's), so a settled admission still costs one
+call for its slot and one for its release. The figures read at export are plain numbers from
+the newest answer: no Redis call.
+
+Only the sliding window (`shape="sliding"`) is kept in Redis: one-second slots, a charge
+counted 60 to 61 s, a refund taken back from the second charged, an overrun charged now, as
+rate_window.py does in a process. Redis's clock meters the minute for every process.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Final
+
+from ...usage import Usage
+from ..rate_budget import BUDGETS, BudgetName, BudgetStatistics, RateBudget, RateBudgetStatistics
+from ._replies import BudgetReading
+
+__all__ = ["CODES", "SharedBudget", "SharedReservation"]
+
+CODES: Final[dict[BudgetName, str]] = {
+    "tokens": "t", "requests": "r", "input_tokens": "i", "output_tokens": "o",
+}  # fmt: skip
+_TOKEN_BUDGETS: Final = ("tokens", "input_tokens", "output_tokens")
+
+
+class SharedReservation:
+    """What one admission of a budgeted shared limit took: an estimate on each budget
+    (`requests`: 1), charged in Redis second `ref` (or, `g<id>`, the second its grant
+    recorded). Closed exactly once: `settle`, `charge_in_full` or `cancel` (its own, or its
+    budget's with it: the same). A BudgetReservation."""
+
+    __slots__ = ("_done", "_owner", "estimates", "ref")
+
+    def __init__(
+        self, owner: SharedBudget, estimates: tuple[tuple[BudgetName, int], ...], ref: str
+    ) -> None:
+        self._owner = owner
+        self._done = False
+        self.estimates = estimates
+        self.ref = ref
+
+    @property
+    def open(self) -> bool:
+        """Not settled, charged in full nor cancelled yet."""
+        return not self._done
+
+    def estimate(self, budget: BudgetName) -> int:
+        """What this reservation took from `budget` (0: not configured)."""
+        return next((amount for name, amount in self.estimates if name == budget), 0)
+
+    def settle(self, usage: Usage | int) -> None:
+        """`SharedBudget.settle(self, usage)`: the call used `usage`; the rest is refunded."""
+        self._owner.settle(self, usage)
+
+    def charge_in_full(self) -> None:
+        """`SharedBudget.charge_in_full(self)`: the call ended without usage."""
+        self._owner.charge_in_full(self)
+
+    def cancel(self) -> None:
+        """`SharedBudget.cancel(self)`: the call was never sent; all of it comes back."""
+        self._owner.cancel(self)
+
+    def __repr__(self) -> str:
+        taken = ", ".join(f"{name}={amount}" for name, amount in self.estimates)
+        return f"<SharedReservation {taken}{'' if self.open else ' closed'}>"
+
+
+class SharedBudget:
+    """A RateBudget's sizes, kept for every process of one shared limit in Redis.
+
+    `wake()` asks for a script call soon (a settlement or reading waits for one). The counts
+    `reserved` (estimates of this process's calls not settled yet) and `refunded_total`
+    (given back here) are this process's; `remaining` and the provider's reading are the
+    limit's, across processes, as last seen."""
+
+    def __init__(self, budget: RateBudget, *, wake: Callable[[], None]) -> None:
+        if budget.shape != "sliding":
+            raise ValueError(
+                f"a global limit's budget must be shape='sliding' (a window of the last "
+                f"minute kept in Redis); shape={budget.shape!r} is kept only in a process"
+            )
+        self.limits: dict[BudgetName, int] = budget.limits
+        self.shape = budget.shape
+        self._spec = ",".join(str(self.limits.get(name, 0)) for name in BUDGETS)
+        self._token_cap = min(
+            (size for name, size in self.limits.items() if name in _TOKEN_BUDGETS),
+            default=None,
+        )
+        self._wake = wake
+        self._lock = threading.Lock()  # the ops: the event loop and the heartbeat thread
+        self._ops: list[str] = []
+        self._reserved = dict.fromkeys(self.limits, 0)
+        self._refunded = dict.fromkeys(self.limits, 0)
+        self._remaining = dict(self.limits)
+        self._reported: dict[BudgetName, int] = {}
+        self._blocked_until = -math.inf  # (monotonic) the waiter chosen next waits till then
+
+    # --- what the scripts carry and answer ---------------------------------------------
+
+    def argument(self, sending: bool) -> str:
+        """The scripts' budget argument: the sizes, then (`sending`: Redis answers) the
+        settlements and readings not sent yet, taken (a call that fails loses them: see
+        docs/rate-budgets.md)."""
+        if not sending or not self._ops:
+            return self._spec
+        with self._lock:
+            ops, self._ops = self._ops, []
+        return f"{self._spec}|{';'.join(ops)}"
+
+    @property
+    def pending(self) -> bool:
+        """True while settlements or readings wait for a script call."""
+        return bool(self._ops)
+
+    def seen(self, reading: BudgetReading | None) -> None:
+        """The newest answer's figures (called under the store's lock, newest first)."""
+        if reading is None:
+            return
+        for name in self.limits:
+            code = CODES[name]
+            self._remaining[name] = reading.remaining.get(code, self._remaining[name])
+            if code in reading.reported:
+                self._reported[name] = reading.reported[code]
+            else:
+                self._reported.pop(name, None)
+        blocked = reading.blocked_ms
+        self._blocked_until = time.monotonic() + blocked / 1000 if blocked >= 0 else -math.inf
+
+    def blocking(self) -> float | None:
+        """Seconds the waiter chosen next still waits for the budgets, as last seen (None:
+        it does not, or none waits)."""
+        left = self._blocked_until - time.monotonic()
+        return left if left > 0 else None
+
+    # --- reservations --------------------------------------------------------------
+
+    def estimate(self, tokens: int) -> tuple[int, bool]:
+        """`tokens` as a waiter's id carries it: capped at the smallest token budget's
+        minute (no waiter waits forever); and True if it was capped."""
+        cap = self._token_cap
+        if cap is not None and tokens > cap:
+            return cap, True
+        return tokens, False
+
+    def reserved(self, tokens: int, ref: str) -> SharedReservation:
+        """The reservation an admission of `tokens` took in Redis (`ref`: where charged)."""
+        estimates = tuple(
+            (name, 1 if name == "requests" else min(tokens, size))
+            for name, size in self.limits.items()
+        )
+        for name, amount in estimates:
+            self._reserved[name] += amount
+        return SharedReservation(self, estimates, ref)
+
+    def unused(self, tokens: int, ref: str) -> None:
+        """An estimate of `tokens` charged at `ref` for a waiter that had ended: returned."""
+        deltas = (
+            -1 if name == "requests" else -min(tokens, self.limits[name]) if name in self.limits
+            else 0
+            for name in BUDGETS
+        )  # fmt: skip
+        self._send(f"{ref}={','.join(map(str, deltas))}")
+
+    def settle(self, reservation: SharedReservation, usage: Usage | int) -> None:
+        """Close `reservation` with what the call used (a `Usage`, or a total of tokens: the
+        input and output budgets then keep their estimates): less than reserved is refunded
+        to the second charged, more charged now (at most one minute's budget)."""
+        actual: dict[str, int]
+        if isinstance(usage, Usage):
+            actual = {
+                "tokens": usage.total,
+                "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+            }
+        else:
+            actual = {"tokens": _count("usage", usage)}
+        self._close(reservation, lambda name, estimate: actual.get(name, estimate))
+
+    def charge_in_full(self, reservation: SharedReservation) -> None:
+        """Close `reservation` as a call that ended without usage: its estimates stand."""
+        self._close(reservation, lambda _name, estimate: estimate)
+
+    def cancel(self, reservation: SharedReservation) -> None:
+        """Close `reservation` as a call never sent: every estimate and its request return."""
+        self._close(reservation, lambda _name, _estimate: 0)
+
+    def _close(
+        self, reservation: SharedReservation, used: Callable[[BudgetName, int], int]
+    ) -> None:
+        if reservation._owner is not self:
+            raise ValueError(f"{reservation!r} was not made by this limit's budget")
+        if reservation._done:
+            raise ValueError(f"{reservation!r} is already closed")
+        reservation._done = True
+        deltas = dict.fromkeys(BUDGETS, 0)
+        for name, estimate in reservation.estimates:
+            spent = min(used(name, estimate), self.limits[name])
+            self._reserved[name] -= estimate
+            if spent < estimate:
+                self._refunded[name] += estimate - spent
+            deltas[name] = spent - estimate
+        if any(deltas.values()):
+            self._send(f"{reservation.ref}={','.join(str(deltas[n]) for n in BUDGETS)}")
+
+    def report(
+        self,
+        budget: BudgetName,
+        *,
+        remaining: int,
+        reset_at: float,
+        observed_at: float | None = None,
+    ) -> None:
+        """The provider says `remaining` of `budget` is left until `reset_at` (time.monotonic,
+        the event loop's clock), as observed at `observed_at` (default: now): shared with
+        every process, the freshest reading (by when it was observed) winning. Ignored for a
+        budget not configured or a reset already past."""
+        remaining = _count("remaining", remaining)
+        now = time.monotonic()
+        observed = now if observed_at is None else observed_at
+        if budget not in self.limits or not (math.isfinite(reset_at) and reset_at > now):
+            return
+        if not math.isfinite(observed):
+            return
+        reset_ms = math.ceil((reset_at - now) * 1000)
+        age_ms = max(0, round((now - observed) * 1000))
+        self._send(f"!{CODES[budget]}={remaining},{reset_ms},{age_ms}")
+
+    def _send(self, op: str) -> None:
+        with self._lock:
+            self._ops.append(op)
+        self._wake()
+
+    # --- read at export --------------------------------------------------------------
+
+    def statistics(self) -> RateBudgetStatistics:
+        """Every budget as last seen, in plain numbers (no Redis call)."""
+        found = {
+            name: BudgetStatistics(
+                name,
+                size,
+                self._remaining[name],
+                self._reserved[name],
+                self._refunded[name],
+                self._reported.get(name),
+            )
+            for name, size in self.limits.items()
+        }
+        return RateBudgetStatistics(**found)
+
+
+def _count(what: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be an int >= 0, not {value!r}")
+    return value
