@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from benchmarks._source import PROJECT_ROOT, loaded_files, use_source_tree
+from benchmarks._goal_client_process import chat_completion, client_arguments, run_client
 
 BODY = json.dumps(
     {"model": "fake", "messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 100}
@@ -40,20 +40,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
         async def call() -> float:
             sent = time.monotonic()
-            try:
-                response = await client.post(
-                    "/v1/chat/completions",
-                    content=BODY,
-                    headers={"content-type": "application/json"},
-                )
-            except Exception as error:  # a limit's refusal, a transport error
-                failed[type(error).__name__] += 1
-                return time.monotonic()
+            answered = await chat_completion(client, BODY, failed)
             done = time.monotonic()
-            if response.status_code == 200:
+            if answered:
                 latencies.append(done - sent)
-            else:
-                failed[str(response.status_code)] += 1
             return done
 
         calls = [asyncio.create_task(call()) for _ in range(args.requests)]
@@ -83,19 +73,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=250)
     parser.add_argument("--warm", type=int, default=128, help="connections opened first")
     parser.add_argument("--timeout", type=float, default=120.0, help="s, for the whole burst")
-    parser.add_argument("--expect", default="", help="budget,engine: what the limit must have")
-    parser.add_argument("--source", default=str(PROJECT_ROOT), help="the tree to measure")
-    args = parser.parse_args()
-    if not args.url.startswith("http://127.0.0.1:"):
-        sys.exit("--url must be on 127.0.0.1")
+    args = client_arguments(parser)
     if not 1 <= args.requests <= 10_000 or not 0 < args.timeout <= 600:
         sys.exit("--requests must be in [1, 10000] and --timeout in (0, 600]")
-    # asyncio's own loop: its time() is time.monotonic(), the clock an engine signal reads.
-    root = use_source_tree(args.source)
-    result = asyncio.run(run(args))
-    loaded_files(root)  # fails if any gym_concurrency module came from elsewhere
-    json.dump(result, sys.stdout)
-    sys.stdout.write("\n")
+    run_client(args, run)
 
 
 if __name__ == "__main__":

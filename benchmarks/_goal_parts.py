@@ -1,42 +1,52 @@
 """What the goal runs of issue 35 (rate_budget_goal.py, engine_goal.py) share: a fake upstream
-in a process of its own, client processes released together, and the check that a
-configuration's wiring exists before anything is started.
+in a process of its own, client processes released together, the check that a configuration's
+wiring exists before anything is started, the --configs check, the rounds (the order
+rotating a round) and the figures every cell reports of its clients.
 
-The upstream (`benchmarks._fake_provider` or `benchmarks._fake_engine`) runs on CPU 0 (with
-the redis-server, when there is one), the client processes on CPU 1 (`overload.pinned`). Once
-every client says it is ready, all are given one start moment on `time.monotonic()`, the
-clock every process of the machine shares (the fakes' `/stats` `t` too), so that figures from
-all of them line up (`release`).
+The upstream (`benchmarks._fake_provider` or `benchmarks._fake_engine`; tokens.py's
+`benchmarks._tokens_upstream` too) runs on CPU 0 (with the redis-server, when there is one),
+the client processes on CPU 1 (`overload.pinned`). Once every client says it is ready, all
+are given one start moment on `time.monotonic()`, the clock every process of the machine
+shares (the fakes' `/stats` `t` too), so that figures from all of them line up (`release`).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
-import signal
 import subprocess
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from benchmarks._flows_inprocess import percentile
+from benchmarks._processes import stop_process
 from benchmarks._source import PROJECT_ROOT
 from benchmarks.overload import free_port, pinned
 
 __all__ = [
     "CLIENT_CPU",
     "SERVER_CPU",
+    "STARTUP_S",
     "FakeUpstream",
+    "by_config",
+    "chosen_configs",
+    "clients_figures",
     "get_json",
     "missing_wiring",
     "release",
+    "rounds",
     "run_clients",
     "start_clients",
     "wiring_error",
 ]
 
 SERVER_CPU, CLIENT_CPU = "0", "1"
+STARTUP_S = 60.0  # at most, for the clients to import and connect
 UPSTREAM_MODULE = "gym_concurrency.limits.upstream"
 
 
@@ -75,13 +85,7 @@ class FakeUpstream:
         return get_json(self.url + "/stats")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop_process(self.process)
 
 
 def start_clients(python: str, module: str, argv: list[list[str]]) -> list[subprocess.Popen[str]]:
@@ -175,3 +179,43 @@ def wiring_error(config: str, missing: list[str]) -> str:
 
     tree = Path(gym_concurrency.__file__).parent.parent
     return f"{config} needs issue 35's wiring: {', '.join(missing)} missing (the tree {tree})"
+
+
+def chosen_configs(parser: argparse.ArgumentParser, text: str, known: tuple[str, ...]) -> list[str]:
+    """--configs `text` as a list, each of `known`; else the parser's error naming the rest."""
+    configs = text.split(",")
+    unknown = [c for c in configs if c not in known]
+    if unknown or not configs:
+        parser.error(f"--configs: comma-separated, of {', '.join(known)} (not {unknown})")
+    return configs
+
+
+def rounds(configs: list[str], count: int) -> Iterator[tuple[int, str]]:
+    """(round, configuration): `count` rounds of every configuration, the order rotating one
+    place a round (so no configuration always runs first)."""
+    for index in range(count):
+        shift = index % len(configs)
+        for name in configs[shift:] + configs[:shift]:
+            yield index, name
+
+
+def by_config(
+    cells: list[dict[str, Any]], configs: tuple[str, ...]
+) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """(configuration, its cells) for each of `configs` that has any, in that order."""
+    for name in configs:
+        mine = [c for c in cells if c["config"] == name]
+        if mine:
+            yield name, mine
+
+
+def clients_figures(clients: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a cell says of its client processes' calls: the p50 and p95 latency of every
+    completed call, the latest any process started, each one's limit at the end."""
+    latencies = sorted(x for c in clients for x in c["latencies_s"])
+    return {
+        "p50_s": percentile(latencies, 0.50),
+        "p95_s": percentile(latencies, 0.95),
+        "late_s": max(c["late_s"] for c in clients),
+        "limits": [c["limit"] for c in clients],
+    }

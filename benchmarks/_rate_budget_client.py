@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from benchmarks._source import PROJECT_ROOT, loaded_files, use_source_tree
+from benchmarks._goal_client_process import chat_completion, client_arguments, run_client
 from benchmarks._tokens_client import body_of, log_uniform
 
 __all__ = ["call_sizes"]
@@ -56,19 +56,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 size = next(sizes)
                 data = json.dumps(body_of(size)).encode()
                 sent = time.monotonic()
-                try:
-                    response = await client.post(
-                        "/v1/chat/completions",
-                        content=data,
-                        headers={"content-type": "application/json"},
-                    )
-                except Exception as error:  # a limit's refusal, a transport error
-                    failed[type(error).__name__] += 1
-                    continue
-                if response.status_code == 200:
+                if await chat_completion(client, data, failed):
                     completed.append((time.monotonic() - sent, size))
-                else:
-                    failed[str(response.status_code)] += 1
 
         callers = [asyncio.create_task(caller()) for _ in range(args.callers)]
         await asyncio.wait(callers, timeout=max(0.0, end - time.monotonic()))
@@ -95,19 +84,10 @@ def main() -> None:
     parser.add_argument("--min-tokens", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=16_000)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--expect", default="", help="budget,engine: what the limit must have")
-    parser.add_argument("--source", default=str(PROJECT_ROOT), help="the tree to measure")
-    args = parser.parse_args()
-    if not args.url.startswith("http://127.0.0.1:"):
-        sys.exit("--url must be on 127.0.0.1")
+    args = client_arguments(parser)
     if not 0 < args.seconds <= 1800 or not 1 <= args.callers <= 1000:
         sys.exit("--seconds must be in (0, 1800] and --callers in [1, 1000]")
-    # asyncio's own loop: its time() is time.monotonic(), the clock a rate budget reads.
-    root = use_source_tree(args.source)
-    result = asyncio.run(run(args))
-    loaded_files(root)  # fails if any gym_concurrency module came from elsewhere
-    json.dump(result, sys.stdout)
-    sys.stdout.write("\n")
+    run_client(args, run)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # run as a script: make the project root importab
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._timing import Case, Settings, compare, markdown_table, now_ns
-from benchmarks.core import machine
+from benchmarks.core import contended, machine, metered, uncontended
 from gym_concurrency import MeteredSemaphore
 from gym_concurrency.limits.rate_budget import RateBudget
 
@@ -36,25 +36,16 @@ def budget() -> RateBudget:
     return RateBudget(tokens_per_minute=LARGE, requests_per_minute=LARGE)
 
 
-def uncontended(make: Callable[[], MeteredSemaphore]) -> Callable[[int], Awaitable[int]]:
-    """n `async with sem: pass` in one task."""
+def budgeted(slots: int) -> MeteredSemaphore:
+    """The semaphore under test: `slots` slots and a budget that never refuses."""
+    return MeteredSemaphore(slots, budget=budget())
+
+
+def uncontended_settled(make: Callable[[int], MeteredSemaphore]) -> Callable[[int], Awaitable[int]]:
+    """n `async with sem.hold(tokens=500) as held: held.settle(300)` in one task (one slot)."""
 
     async def run(n: int) -> int:
-        sem = make()
-        started = now_ns()
-        for _ in range(n):
-            async with sem:
-                pass
-        return now_ns() - started
-
-    return run
-
-
-def uncontended_settled(make: Callable[[], MeteredSemaphore]) -> Callable[[int], Awaitable[int]]:
-    """n `async with sem.hold(tokens=500) as held: held.settle(300)` in one task."""
-
-    async def run(n: int) -> int:
-        sem = make()
+        sem = make(1)
         started = now_ns()
         for _ in range(n):
             async with sem.hold(tokens=500) as held:
@@ -64,45 +55,21 @@ def uncontended_settled(make: Callable[[], MeteredSemaphore]) -> Callable[[int],
     return run
 
 
-def contended(
-    make: Callable[[], MeteredSemaphore], tasks: int = 64
-) -> Callable[[int], Awaitable[int]]:
-    """`tasks` tasks share n `async with sem: await asyncio.sleep(0)` (8 slots)."""
-
-    async def run(n: int) -> int:
-        sem = make()
-
-        async def worker(count: int) -> None:
-            for _ in range(count):
-                async with sem:
-                    await asyncio.sleep(0)
-
-        share, extra = divmod(n, tasks)
-        workers = [asyncio.ensure_future(worker(share + (i < extra))) for i in range(tasks)]
-        started = now_ns()
-        await asyncio.gather(*workers)
-        return now_ns() - started
-
-    return run
-
-
+# core.py's `async with` benchmarks, on one slot and on 8 (64 tasks).
 BENCHMARKS = {
     "uncontended": (
         "Uncontended `async with`, one slot: with a budget vs without",
         lambda: [
-            Case("without a budget", uncontended(lambda: MeteredSemaphore(1))),
-            Case("with a budget", uncontended(lambda: MeteredSemaphore(1, budget=budget()))),
-            Case(
-                "with a budget, hold() + settle",
-                uncontended_settled(lambda: MeteredSemaphore(1, budget=budget())),
-            ),
+            Case("without a budget", uncontended(metered)),
+            Case("with a budget", uncontended(budgeted)),
+            Case("with a budget, hold() + settle", uncontended_settled(budgeted)),
         ],
     ),
     "contended": (
         "Contended: 64 tasks on 8 slots, body awaits once: with a budget vs without",
         lambda: [
-            Case("without a budget", contended(lambda: MeteredSemaphore(8))),
-            Case("with a budget", contended(lambda: MeteredSemaphore(8, budget=budget()))),
+            Case("without a budget", contended(metered)),
+            Case("with a budget", contended(budgeted)),
         ],
     ),
 }

@@ -44,31 +44,47 @@ import json
 import statistics
 import sys
 import threading
-import time
 import urllib.request
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the project root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._flows_inprocess import percentile
 from benchmarks._goal_parts import (
+    STARTUP_S,
     FakeUpstream,
+    by_config,
+    chosen_configs,
+    clients_figures,
     missing_wiring,
     release,
+    rounds,
     run_clients,
     start_clients,
     wiring_error,
 )
-from benchmarks._source import PROJECT_ROOT, describe_tree, use_source_tree
+from benchmarks._results import RunStart, run_header, with_outcome, write_and_print
+from benchmarks._source import PROJECT_ROOT, use_source_tree
 from benchmarks.overload import load_average, wait_until_quiet
 
-RESULTS = PROJECT_ROOT / "benchmarks" / "results"
 CONFIGS = ("fixed", "aimd", "gradient", "engine")
 GOALS = {"engine_max_waiting_at_scrape": 6, "engine_batch_utilisation": 0.95}
-STARTUP_S = 60.0  # at most, for the clients to import and connect
+SETTINGS = (  # the options the JSON records
+    "rounds",
+    "requests",
+    "processes",
+    "batch",
+    "service_ms",
+    "adaptive_start",
+    "engine_waiting_max",
+    "engine_batch_size",
+    "engine_interval",
+    "engine_stale_after",
+    "engine_slots",
+    "scrape_ms",
+    "warm",
+)
 
 
 def settings_for(config: str, args: argparse.Namespace, engine_url: str) -> dict[str, Any]:
@@ -145,7 +161,6 @@ def measure(config: str, clients: list[dict[str, Any]], stats: dict[str, Any]) -
     begin = min(c["first_sent"] for c in clients)
     end = max(c["last_done"] for c in clients)
     during = [s for s in stats["scrapes"] if begin <= s["t"] <= end]
-    latencies = sorted(x for c in clients for x in c["latencies_s"])
     return {
         "config": config,
         "duration_s": end - begin,
@@ -158,19 +173,13 @@ def measure(config: str, clients: list[dict[str, Any]], stats: dict[str, Any]) -
         "served": stats["served"],
         "completed": sum(c["completed"] for c in clients),
         "failed": sum(sum(c["failed"].values()) + c["unfinished"] for c in clients),
-        "p50_s": percentile(latencies, 0.50),
-        "p95_s": percentile(latencies, 0.95),
-        "late_s": max(c["late_s"] for c in clients),
-        "limits": [c["limit"] for c in clients],
+        **clients_figures(clients),
     }
 
 
 def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name in CONFIGS:
-        mine = [c for c in cells if c["config"] == name]
-        if not mine:
-            continue
+    for name, mine in by_config(cells, CONFIGS):
         at_scrape = [c["max_waiting_at_scrape"] for c in mine]
         out[name] = {
             "rounds": len(mine),
@@ -244,10 +253,7 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
         args.rounds, args.requests, args.wait_quiet = 1, 200, 0.0
     if args.engine_waiting_max is None:
         args.engine_waiting_max = max(1, 6 // args.processes)
-    configs = args.configs.split(",")
-    unknown = [c for c in configs if c not in CONFIGS]
-    if unknown or not configs:
-        parser.error(f"--configs: comma-separated, of {', '.join(CONFIGS)} (not {unknown})")
+    configs = chosen_configs(parser, args.configs, CONFIGS)
     if not 1 <= args.rounds <= 20 or not 1 <= args.requests <= 20_000:
         parser.error("--rounds must be in [1, 20] and --requests in [1, 20000]")
     if not 1 <= args.processes <= 16 or not 1 <= args.batch <= 4096:
@@ -262,65 +268,25 @@ def main() -> None:
     args.source = str(use_source_tree(args.source))  # the probe below reads that tree too
     if "engine" in configs and (missing := missing_wiring(("engine",))):
         sys.exit(wiring_error("engine", missing))
-    started, load_start = time.monotonic(), load_average()
+    start = RunStart()
     cells: list[dict[str, Any]] = []
-    for index in range(args.rounds):
-        order = configs[index % len(configs) :] + configs[: index % len(configs)]
-        for name in order:
-            busy = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
-            one = cell(args, name)
-            one.update(round=index, load=load_average(), busy_cores_before=busy)
-            cells.append(one)
-            print(
-                f"round {index + 1} {name:9s} waiting at a scrape <= "
-                f"{one['max_waiting_at_scrape']} (any moment {one['max_waiting']})  "
-                f"utilisation {one['utilisation']:.3f}  burst {one['duration_s']:.2f} s  "
-                f"p95 {one['p95_s']:.2f} s  failed {one['failed']}  late {one['late_s']:.2f} s",
-                flush=True,
-            )
+    for index, name in rounds(configs, args.rounds):
+        busy = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
+        one = cell(args, name)
+        one.update(round=index, load=load_average(), busy_cores_before=busy)
+        cells.append(one)
+        print(
+            f"round {index + 1} {name:9s} waiting at a scrape <= "
+            f"{one['max_waiting_at_scrape']} (any moment {one['max_waiting']})  "
+            f"utilisation {one['utilisation']:.3f}  burst {one['duration_s']:.2f} s  "
+            f"p95 {one['p95_s']:.2f} s  failed {one['failed']}  late {one['late_s']:.2f} s",
+            flush=True,
+        )
     summary = summarize(cells)
-    result: dict[str, Any] = {
-        "benchmark": "engine_goal",
-        "label": args.label,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0],
-        "source": describe_tree(Path(args.source)),
-        "settings": {
-            k: getattr(args, k)
-            for k in (
-                "rounds",
-                "requests",
-                "processes",
-                "batch",
-                "service_ms",
-                "adaptive_start",
-                "engine_waiting_max",
-                "engine_batch_size",
-                "engine_interval",
-                "engine_stale_after",
-                "engine_slots",
-                "scrape_ms",
-                "warm",
-            )
-        },
-        "goals": GOALS,
-        "load_average_start": load_start,
-        "load_average_end": load_average(),
-        "seconds": round(time.monotonic() - started, 1),
-        "summary": summary,
-        "verdicts": verdicts(summary),
-    }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = Path(args.json) if args.json else RESULTS / f"engine-goal-{args.label}.json"
-    path.write_text(json.dumps({**result, "cells": cells}, indent=1) + "\n")
-    summary_path = path.with_name(path.name.removesuffix(".json") + ".summary.json")
-    summary_path.write_text(json.dumps(result, indent=1) + "\n")
-    print()
-    print(table(summary))
-    goals = result["verdicts"].items()
-    if goals:
-        print("\ngoals: " + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in goals))
-    print(f"\nraw: {path}\nsummary: {summary_path}")
+    settings = {k: getattr(args, k) for k in SETTINGS}
+    head = {**run_header("engine_goal", args.label, args.source), "settings": settings}
+    result = with_outcome(head, GOALS, start, summary, verdicts(summary))
+    write_and_print(result, cells, args.json, f"engine-goal-{args.label}.json", table(summary))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -40,6 +39,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the project root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._processes import stop_process
 from benchmarks._source import PROJECT_ROOT, describe_tree
 from benchmarks.overload_app import CONFIGS, request_body
 
@@ -177,13 +177,7 @@ class Server:
             raise RuntimeError(f"POST /run answered {status} {body[:200]!r}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop_process(self.process)
 
 
 def loadgen(

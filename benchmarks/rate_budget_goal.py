@@ -40,32 +40,34 @@ import json
 import math
 import statistics
 import sys
-import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the project root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._flows_inprocess import percentile
 from benchmarks._goal_parts import (
+    STARTUP_S,
     FakeUpstream,
+    by_config,
+    chosen_configs,
+    clients_figures,
     missing_wiring,
     release,
+    rounds,
     run_clients,
     start_clients,
     wiring_error,
 )
+from benchmarks._results import RunStart, run_header, with_outcome, write_and_print
 from benchmarks._shared_cost_redis import LocalRedis
-from benchmarks._source import PROJECT_ROOT, describe_tree, use_source_tree
+from benchmarks._source import PROJECT_ROOT, use_source_tree
 from benchmarks.overload import load_average
 
-RESULTS = PROJECT_ROOT / "benchmarks" / "results"
 CONFIGS = ("fixed", "aimd", "budget-global", "budget-local")
 BUDGET_FIELDS = ("tokens_per_minute", "requests_per_minute", "tokens")
 GOALS = {"budget_global_429": 0, "budget_global_quota_used": 0.95}
-STARTUP_S = 60.0  # at most, for the clients to import and connect
+SETTINGS = ("seconds", "rounds", "processes", "callers", "slots", "tpm", "rpm")  # in the JSON
 
 
 def settings_for(config: str, args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]:
@@ -139,7 +141,6 @@ def measure(
     first = max(1, math.ceil((start - provider.spawned) / 60))
     last = math.floor((end - provider.ready) / 60) - 1
     whole = [windows[i] for i in range(first, last + 1) if i < len(windows)]
-    latencies = sorted(x for c in clients for x in c["latencies_s"])
     failed: dict[str, int] = {}
     for c in clients:
         for kind, count in c["failed"].items():
@@ -159,19 +160,13 @@ def measure(
         "completed": sum(c["completed"] for c in clients),
         "failed": failed,
         "tokens_estimated": sum(c["tokens_estimated"] for c in clients),
-        "p50_s": percentile(latencies, 0.50),
-        "p95_s": percentile(latencies, 0.95),
-        "late_s": max(c["late_s"] for c in clients),
-        "limits": [c["limit"] for c in clients],
+        **clients_figures(clients),
     }
 
 
 def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name in CONFIGS:
-        mine = [c for c in cells if c["config"] == name]
-        if not mine:
-            continue
+    for name, mine in by_config(cells, CONFIGS):
         windows = [c["quota_used_windows"] for c in mine if c["quota_used_windows"] is not None]
         out[name] = {
             "rounds": len(mine),
@@ -242,10 +237,7 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.rounds = 10.0, 1
-    configs = args.configs.split(",")
-    unknown = [c for c in configs if c not in CONFIGS]
-    if unknown or not configs:
-        parser.error(f"--configs: comma-separated, of {', '.join(CONFIGS)} (not {unknown})")
+    configs = chosen_configs(parser, args.configs, CONFIGS)
     if not 0 < args.seconds <= 1800 or not 1 <= args.rounds <= 10:
         parser.error("--seconds must be in (0, 1800] and --rounds in [1, 10]")
     if not 1 <= args.processes <= 16 or not 1 <= args.slots <= 1000:
@@ -263,59 +255,30 @@ def main() -> None:
     ]
     if errors:
         sys.exit("\n".join(errors))
-    started, load_start = time.monotonic(), load_average()
+    start = RunStart()
     cells: list[dict[str, Any]] = []
-    for index in range(args.rounds):
-        order = configs[index % len(configs) :] + configs[: index % len(configs)]
-        for name in order:
-            one = cell(args, name, index + 1)
-            one.update(round=index, load=load_average())
-            cells.append(one)
-            print(
-                f"round {index + 1} {name:14s} 429 {one['upstream_429']:5d}  quota used "
-                f"{_share(one['quota_used_windows'])} (run {one['quota_used_run']:.3f})  "
-                f"completed {one['completed']:5d}  failed {sum(one['failed'].values()):5d}  "
-                f"p50 {one['p50_s']:.2f} s  p95 {one['p95_s']:.2f} s",
-                flush=True,
-            )
-    summary = summarize(cells)
-    result: dict[str, Any] = {
-        "benchmark": "rate_budget_goal",
-        "label": args.label,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0],
-        "source": describe_tree(Path(args.source)),
-        "settings": {
-            k: getattr(args, k)
-            for k in ("seconds", "rounds", "processes", "callers", "slots", "tpm", "rpm")
-        }
-        | {
-            "completion_share": args.completion_share,
-            "service_s": f"{args.base_ms / 1e3:g} + {args.us_per_token / 1e6:g} * tokens",
-            "call_tokens": [100, 16_000, "log-uniform, seeded"],
-            "quota_used_windows": "mean tokens of the provider's whole minutes after the "
-            "first (the ramp) / tpm",
-        },
-        "goals": GOALS,
-        "load_average_start": load_start,
-        "load_average_end": load_average(),
-        "seconds": round(time.monotonic() - started, 1),
-        "summary": summary,
-        "verdicts": verdicts(summary),
-    }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = Path(args.json) if args.json else RESULTS / f"rate-budget-goal-{args.label}.json"
-    path.write_text(json.dumps({**result, "cells": cells}, indent=1) + "\n")
-    summary_path = path.with_name(path.name.removesuffix(".json") + ".summary.json")
-    summary_path.write_text(json.dumps(result, indent=1) + "\n")
-    print()
-    print(table(summary))
-    if result["verdicts"]:
+    for index, name in rounds(configs, args.rounds):
+        one = cell(args, name, index + 1)
+        one.update(round=index, load=load_average())
+        cells.append(one)
         print(
-            "\ngoals: "
-            + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in result["verdicts"].items())
+            f"round {index + 1} {name:14s} 429 {one['upstream_429']:5d}  quota used "
+            f"{_share(one['quota_used_windows'])} (run {one['quota_used_run']:.3f})  "
+            f"completed {one['completed']:5d}  failed {sum(one['failed'].values()):5d}  "
+            f"p50 {one['p50_s']:.2f} s  p95 {one['p95_s']:.2f} s",
+            flush=True,
         )
-    print(f"\nraw: {path}\nsummary: {summary_path}")
+    summary = summarize(cells)
+    settings = {k: getattr(args, k) for k in SETTINGS} | {
+        "completion_share": args.completion_share,
+        "service_s": f"{args.base_ms / 1e3:g} + {args.us_per_token / 1e6:g} * tokens",
+        "call_tokens": [100, 16_000, "log-uniform, seeded"],
+        "quota_used_windows": "mean tokens of the provider's whole minutes after the "
+        "first (the ramp) / tpm",
+    }
+    head = {**run_header("rate_budget_goal", args.label, args.source), "settings": settings}
+    result = with_outcome(head, GOALS, start, summary, verdicts(summary))
+    write_and_print(result, cells, args.json, f"rate-budget-goal-{args.label}.json", table(summary))
 
 
 if __name__ == "__main__":

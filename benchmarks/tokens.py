@@ -38,12 +38,9 @@ import json
 import math
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
-import time
-import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -51,11 +48,11 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the project root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._goal_parts import CLIENT_CPU, FakeUpstream
+from benchmarks._results import RunStart, goals_line, with_outcome, write_results
 from benchmarks._source import PROJECT_ROOT, describe_tree
-from benchmarks.overload import free_port, load_average, pinned, wait_until_quiet
+from benchmarks.overload import load_average, pinned, wait_until_quiet
 
-RESULTS = PROJECT_ROOT / "benchmarks" / "results"
-SERVER_CPU, CLIENT_CPU = "0", "1"
 CAPACITY, MIN_TOKENS, MAX_TOKENS, CALLERS = 64_000, 100, 16_000, 128
 CONFIGS = ("count-mean", "count-largest", "weighted", "weighted+backfill")
 WEIGHTED = ("weighted", "weighted+backfill")
@@ -77,39 +74,15 @@ def limits(capacity: int, low: int, high: int) -> dict[str, int]:
     }
 
 
-class Upstream:
+def start_upstream(args: argparse.Namespace) -> FakeUpstream:
     """benchmarks/_tokens_upstream.py, pinned to CPU 0, on a free port of 127.0.0.1."""
-
-    def __init__(self, python: str, capacity: int, base_ms: float, us_per_token: float) -> None:
-        self.port = free_port()
-        command = [python, "-m", "benchmarks._tokens_upstream", "--port", str(self.port)]
-        command += ["--capacity", str(capacity)]
-        command += ["--base-ms", str(base_ms), "--us-per-token", str(us_per_token)]
-        self.process = subprocess.Popen(pinned(SERVER_CPU, command), cwd=PROJECT_ROOT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"upstream exited with {self.process.returncode}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/stats", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("upstream did not start within 60 s")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+    served = ["--capacity", str(args.capacity)]
+    served += ["--base-ms", str(args.base_ms), "--us-per-token", str(args.us_per_token)]
+    return FakeUpstream(args.python, "benchmarks._tokens_upstream", served)
 
 
 def cell(args: argparse.Namespace, config: str, limit: int, seed: int) -> dict[str, Any]:
-    upstream = Upstream(args.python, args.capacity, args.base_ms, args.us_per_token)
+    upstream = start_upstream(args)
     try:
         command = [args.python, "-m", "benchmarks._tokens_client", "--port", str(upstream.port)]
         command += ["--config", "weighted" if config in WEIGHTED else "count"]
@@ -256,7 +229,7 @@ def main() -> None:
     if not configs or len(configs) != len(args.configs.split(",")):
         sys.exit(f"--configs: a comma-separated list of {', '.join(CONFIGS)}")
     sizes = limits(args.capacity, args.min_tokens, args.max_tokens)
-    started, load_start = time.monotonic(), load_average()
+    start = RunStart()
     cells: list[dict[str, Any]] = []
     for index in range(args.rounds):
         seed = index + 1
@@ -276,7 +249,7 @@ def main() -> None:
                 flush=True,
             )
     summary = summarize(cells)
-    result: dict[str, Any] = {
+    head: dict[str, Any] = {
         "benchmark": "tokens",
         "label": args.label,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -297,30 +270,20 @@ def main() -> None:
             "warmup_s": args.warmup,
             "seconds": args.seconds,
         },
-        "goals": GOALS,
-        "load_average_start": load_start,
-        "load_average_end": load_average(),
-        "seconds": round(time.monotonic() - started, 1),
-        "summary": summary,
-        "verdicts": verdicts(summary),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = Path(args.json) if args.json else RESULTS / f"tokens-{args.label}.json"
+    result = with_outcome(head, GOALS, start, summary, verdicts(summary))
     for c in cells:
         c.pop("gym_concurrency_files", None)
-    path.write_text(json.dumps({**result, "cells": cells}, indent=1) + "\n")
-    summary_path = path.with_name(path.name.removesuffix(".json") + ".summary.json")
-    summary_path.write_text(json.dumps(result, indent=1) + "\n")
+    path, summary_path = write_results(result, cells, args.json, f"tokens-{args.label}.json")
     print()
     print(
-        f"source {result['source']['commit'][:12]}; load {load_start} -> "
+        f"source {result['source']['commit'][:12]}; load {start.load_average} -> "
         f"{result['load_average_end']}; {result['seconds'] / 60:.1f} min"
     )
     print()
     print(table(summary))
     print()
-    goals = verdicts(summary).items()
-    print("goals: " + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in goals))
+    print(goals_line(verdicts(summary)))
     print(f"\nraw: {path}\nsummary: {summary_path}")
 
 

@@ -23,6 +23,7 @@ from gym_concurrency.middleware import (
     RouteLimit,
     status_snapshot,
 )
+from opentelemetry.metrics import MeterProvider
 
 from tests.metrics_capture import MetricsCapture
 from tests.registry import limits_of
@@ -61,7 +62,14 @@ def app() -> FastAPI:
     return made
 
 
-def serve(component: str, failure: str = "openai", **route: Any) -> UvicornServer:
+def serve(
+    component: str,
+    failure: str = "openai",
+    meter_provider: MeterProvider | None = None,
+    **route: Any,
+) -> UvicornServer:
+    """The app on uvicorn behind the middleware: its chat route limited to 4 at a time, with a
+    budget of 1,000 tokens and 100 requests a minute."""
     settings = ConcurrencySettings(
         component=component,
         routes=[
@@ -79,7 +87,9 @@ def serve(component: str, failure: str = "openai", **route: Any) -> UvicornServe
         ],
     )
     made = app()
-    made.add_middleware(ConcurrencyLimitMiddleware, settings=settings)
+    made.add_middleware(
+        ConcurrencyLimitMiddleware, settings=settings, meter_provider=meter_provider
+    )
     return UvicornServer(made)
 
 
@@ -187,26 +197,7 @@ def test_budget_instruments_and_the_refusal_outcome_are_exported(
     metrics: MetricsCapture,
 ) -> None:
     component = "budget instruments"
-    settings = ConcurrencySettings(
-        component=component,
-        routes=[
-            RouteLimit(
-                path=PATH,
-                limit_name="chat",
-                max_concurrent=4,
-                failure="openai",
-                queue_timeout_seconds=0.5,
-                tokens_per_minute=1000,
-                requests_per_minute=100,
-                tokens="openai_tokens",
-            )
-        ],
-    )
-    made = app()
-    made.add_middleware(
-        ConcurrencyLimitMiddleware, settings=settings, meter_provider=metrics.provider
-    )
-    with UvicornServer(made) as server:
+    with serve(component, meter_provider=metrics.provider) as server:
         httpx.post(server.url + PATH, json=chat(500, use=20))
         httpx.post(server.url + PATH, json=chat(900))  # never fits after 120 were spent
         tokens(component)  # both done
