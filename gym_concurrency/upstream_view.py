@@ -39,7 +39,9 @@ class UpstreamBudget(Protocol):
 
 def budget_of(limit: Limit) -> UpstreamBudget | None:
     """The rate budget `limit` reserves from with its slots, or None."""
-    if isinstance(limit, MeteredSemaphore | SharedLimit):
+    if isinstance(limit, SharedLimit):
+        return limit.shared_budget  # its state is in Redis; `limit.budget` only sizes it
+    if isinstance(limit, MeteredSemaphore):
         return limit.budget
     return None
 

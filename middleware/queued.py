@@ -17,7 +17,7 @@ from time import perf_counter
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gym_concurrency.limits import Admission, Refusal, WaitOutcome
-from gym_concurrency.limits.rate_budget import Reservation
+from gym_concurrency.limits.rate_budget import BudgetReservation
 from gym_concurrency.settlement import Settlement
 from gym_concurrency.upstream_view import budget_of
 
@@ -153,7 +153,7 @@ class QueuedAdmission:
         route: LimitedRoute,
         waiter: asyncio.Future[Admission],
         queued: QueuedRequest | QueuedWebsocket,
-    ) -> tuple[WaitOutcome, Reservation | None]:
+    ) -> tuple[WaitOutcome, BudgetReservation | None]:
         """How the wait ended, and the reservation of the limit's budget handed with an
         admission; a disconnect leaves the queue, as does a server cancel (raised)."""
         started = perf_counter()
@@ -189,7 +189,7 @@ class QueuedAdmission:
         queued: QueuedRequest | QueuedWebsocket,
         send: Send,
         ask: Ask,
-        reservation: Reservation | None,
+        reservation: BudgetReservation | None,
     ) -> None:
         try:
             budget = budget_of(route.limit) if reservation is not None else None
@@ -225,7 +225,7 @@ class QueuedAdmission:
 
 async def _wait_reading(
     route: LimitedRoute, waiter: asyncio.Future[Admission], queued: QueuedRequest | QueuedWebsocket
-) -> tuple[WaitOutcome, Reservation | None]:
+) -> tuple[WaitOutcome, BudgetReservation | None]:
     """Wait for `waiter` while `queued` reads the client; "cancelled" (having left the queue,
     which gives back a reservation handed to it) if the client disconnects first. A failed
     read is raised."""
