@@ -68,6 +68,7 @@ def resize_budgets(limit: Limit, old: UpstreamFields, new: UpstreamFields) -> No
     for name, size in new.budget_sizes().items():
         if before.get(name) != size:
             budget.resize(name, size)
+    limit.resize(limit.limit)  # admission runs again: waiters a grown budget holds now go
 
 
 def budget_retry_after(limit: Limit, tokens: int) -> int | None:

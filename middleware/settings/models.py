@@ -430,6 +430,16 @@ def _check_global_limits(settings: ConcurrencySettings) -> None:
                 f"{kind}.{index}.backfill_seconds: backfill is a process limit's; a global "
                 "limit's oldest waiter is never passed"
             )
+        if limit.engine is not None:
+            raise ValueError(
+                f"{kind}.{index}.engine: an engine signal is followed by a process limit; a "
+                "global limit cannot count admissions since a scrape across processes yet"
+            )
+        if limit.budget_shape != "sliding":
+            raise ValueError(
+                f"{kind}.{index}.budget_shape: a global limit's budgets are sliding windows "
+                f"kept in Redis; {limit.budget_shape!r} is a process limit's"
+            )
         if isinstance(limit, RouteLimit | ClientLimit) and limit.adaptive is not None:
             raise ValueError(
                 f"{kind}.{index}.adaptive: an adaptive limit follows this process's own "

@@ -6,6 +6,7 @@ one, or touches an engine signal."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -62,6 +63,21 @@ def test_the_route_estimate_takes_the_weight_forms() -> None:
         RouteLimit(**ROUTE, tokens_per_minute=1000, tokens="header:x")
 
 
+@pytest.mark.parametrize(
+    ("upstream", "named"),
+    [
+        ({"engine": ENGINE}, "routes.0.engine: an engine signal is followed by a process limit"),
+        ({"tokens_per_minute": 10, "budget_shape": "bucket"}, "routes.0.budget_shape"),
+    ],
+)
+def test_a_global_limit_takes_no_engine_signal_nor_bucket(
+    upstream: dict[str, Any], named: str
+) -> None:
+    route = RouteLimit(**ROUTE, scope="global", **upstream)
+    with pytest.raises(ValidationError, match=named):
+        ConcurrencySettings(redis_url="redis://127.0.0.1:9/0", routes=[route])
+
+
 def test_budgets_and_an_engine_are_read_from_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -107,6 +123,18 @@ async def test_a_reload_resizes_a_budget_and_says_so() -> None:
     limit = second.routes[0].limit
     assert limit is first.routes[0].limit
     assert limit.budget.limits == {"tokens": 2000, "requests": 10}
+
+
+async def test_a_reload_that_grows_a_budget_admits_the_waiters_it_now_holds() -> None:
+    first = limits("grown budget", tokens_per_minute=100, queue_timeout_seconds=90)
+    limit = first.routes[0].limit
+    assert limit.try_acquire(tokens=100)
+    waiter = asyncio.ensure_future(limit.acquire(tokens=100))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()  # the budget holds it in a minute
+    limits("grown budget", first, tokens_per_minute=1000, queue_timeout_seconds=90).apply()
+    await asyncio.wait_for(waiter, 2)  # at once, not in a minute nor at a release
+    assert limit.active == 2
 
 
 @pytest.mark.parametrize(
