@@ -4,6 +4,7 @@ Redis holds, waiting for a condition."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import redis
 
 from gym_concurrency import SharedLimit
+from tests.shared.redis_server import RedisServer
 
 # Short leases so that a dead holder's slots pass on quickly in a test.
 FAST: dict[str, Any] = {"lease_seconds": 1.5, "redis_timeout": 0.3}
@@ -58,6 +60,18 @@ def leases(client: redis.Redis, limit: SharedLimit) -> set[str]:
 def queued(client: redis.Redis, limit: SharedLimit) -> list[str]:
     """The waiter ids Redis queues for `limit`'s key now, oldest first."""
     return list(client.zrange(limit.redis_keys["queue"], 0, -1))
+
+
+def kept(client: redis.Redis, limit: SharedLimit) -> dict[str, Any]:
+    """The budgets' counts Redis keeps in the limit's state."""
+    return dict(json.loads(client.hget(limit.redis_keys["state"], "b") or "{}"))
+
+
+async def until_aged(server: RedisServer, seconds: int = 3) -> None:
+    """Wait until `server` has been up for longer than the grace a young Redis gives (it may
+    have lost a budget: a state found missing then counts the whole minute as spent)."""
+    while int(server.client().info("server")["uptime_in_seconds"]) < seconds:  # noqa: ASYNC110
+        await asyncio.sleep(0.1)
 
 
 def held_ids(*limits: SharedLimit) -> set[str]:

@@ -8,7 +8,6 @@ more; and a budgeted admission still costs one script call (plus its release's).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,7 +19,7 @@ from gym_concurrency import SharedLimit
 from gym_concurrency.limits.limit import UpstreamCapacityError
 from gym_concurrency.limits.rate_budget import RateBudget
 from gym_concurrency.usage import Usage
-from tests.shared.helpers import Limits, settle, wait_for
+from tests.shared.helpers import Limits, kept, settle, until_aged, wait_for
 from tests.shared.redis_server import RedisServer
 from tests.shared.test_cost import calls
 from tests.shared.test_processes import FAST, Workers
@@ -28,15 +27,8 @@ from tests.shared.test_processes import FAST, Workers
 
 @pytest.fixture(autouse=True)
 async def aged(redis_server: RedisServer) -> None:
-    """A Redis up for longer than the grace a young one gives (it may have lost a budget:
-    a state found missing then counts the whole minute as spent)."""
-    while int(redis_server.client().info("server")["uptime_in_seconds"]) < 3:  # noqa: ASYNC110
-        await asyncio.sleep(0.1)
-
-
-def kept(client: redis.Redis, limit: SharedLimit) -> dict[str, Any]:
-    """The budgets' counts Redis keeps in the limit's state."""
-    return dict(json.loads(client.hget(limit.redis_keys["state"], "b") or "{}"))
+    """A Redis up for longer than the grace a young one gives."""
+    await until_aged(redis_server)
 
 
 def rpm(n: int) -> RateBudget:
