@@ -56,8 +56,11 @@ def has_upstream(limit: Limit) -> bool:
 
 def budget_wait(limit: Limit, tokens: int) -> float | None:
     """Seconds until `limit`'s budget would hold an estimate of `tokens` (capped as admission
-    caps it), charging nothing: a Retry-After. None if not known (no budget, or a budget
-    shared across processes, whose wait Redis knows)."""
+    caps it), charging nothing: a Retry-After. A budget shared across processes answers as
+    last seen (what Redis last said; no Redis call). None if not known (no budget)."""
+    if isinstance(limit, SharedLimit):
+        shared = limit.shared_budget
+        return None if shared is None else shared.wait(tokens)
     if not isinstance(limit, MeteredSemaphore) or limit.upstream is None:
         return None
     if limit.upstream.budget is None:

@@ -34,6 +34,7 @@ CODES: Final[dict[BudgetName, str]] = {
     "tokens": "t", "requests": "r", "input_tokens": "i", "output_tokens": "o",
 }  # fmt: skip
 _TOKEN_BUDGETS: Final = ("tokens", "input_tokens", "output_tokens")
+_SIGHTINGS: Final = 64  # estimates whose wait is kept (estimates vary with each request)
 
 
 class SharedReservation:
@@ -107,18 +108,27 @@ class SharedBudget:
         self._remaining = dict(self.limits)
         self._reported: dict[BudgetName, int] = {}
         self._blocked_until = -math.inf  # (monotonic) the waiter chosen next waits till then
+        self._fits_at: dict[int, float] = {}  # estimate -> when it fits alone (monotonic)
 
     # --- what the scripts carry and answer ---------------------------------------------
 
     def argument(self, sending: bool) -> str:
         """The scripts' budget argument: the sizes, then (`sending`: Redis answers) the
-        settlements and readings not sent yet, taken (a call that fails loses them: see
-        docs/rate-budgets.md)."""
+        settlements and readings not sent yet, taken (a call that fails may have run: they
+        are not sent again, unless it never reached Redis, `unsent`; docs/rate-budgets.md)."""
         if not sending or not self._ops:
             return self._spec
         with self._lock:
             ops, self._ops = self._ops, []
         return f"{self._spec}|{';'.join(ops)}"
+
+    def unsent(self, argument: str) -> None:
+        """A call that carried `argument` failed before any of it reached Redis: its
+        settlements and readings go with a later call, ahead of those taken since."""
+        ops = argument.partition("|")[2]
+        if ops:
+            with self._lock:
+                self._ops[:0] = ops.split(";")
 
     @property
     def pending(self) -> bool:
@@ -144,6 +154,41 @@ class SharedBudget:
         it does not, or none waits)."""
         left = self._blocked_until - time.monotonic()
         return left if left > 0 else None
+
+    def fits_in(self, estimate: int, wait_ms: int) -> None:
+        """Redis said an estimate of `estimate` alone fits the budgets in `wait_ms` (the
+        acquire script's wait for a waiter it queued): kept for `wait()`, the newest winning."""
+        now = time.monotonic()
+        kept = self._fits_at
+        kept.pop(estimate, None)  # (re-inserted: the newest sighting is the last to go)
+        for old in [old for old, at in kept.items() if at <= now]:
+            del kept[old]  # past: they say nothing now
+        if len(kept) >= _SIGHTINGS:
+            del kept[next(iter(kept))]
+        kept[estimate] = now + wait_ms / 1000
+
+    def wait(self, tokens: int) -> float | None:
+        """Seconds until the budgets would hold an estimate of `tokens` (capped as admission
+        caps it), as last seen (no Redis call): what Redis last said of that estimate, unless
+        the newest answer has room for it now, and never before the waiter chosen next is
+        served (none passes it). None if not known."""
+        estimate = self.estimate(tokens)[0]
+        head = self.blocking()
+        if self._room_for(estimate):
+            own: float | None = 0.0
+        else:
+            at = self._fits_at.get(estimate)
+            own = None if at is None else max(0.0, at - time.monotonic())
+        if own is None:
+            return head
+        return own if head is None else max(own, head)
+
+    def _room_for(self, estimate: int) -> bool:
+        """True if the newest answer's `remaining` holds `estimate` (and one request)."""
+        return all(
+            self._remaining[name] >= (1 if name == "requests" else min(estimate, size))
+            for name, size in self.limits.items()
+        )
 
     # --- reservations --------------------------------------------------------------
 

@@ -6,14 +6,26 @@ About 17 µs of client CPU a call instead of 55-75 µs through `Script.__call__`
 What it cannot do plainly goes the usual way, with the same outcome: a script Redis has not
 loaded (after a restart or a failover: the usual call loads it), a connection that failed or
 that the peer closed (the usual call, on a fresh connection: a script run twice is harmless,
-see `enqueue`), a Redis Cluster client (no single pool).
+see `enqueue`), a Redis Cluster client (no single pool). A call that ends before any of it
+was written (no connection could be made) is handed to `unsent`: it never reached Redis.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["ScriptLane"]
+
+
+def _closed_by_peer(connection: Any) -> bool:
+    """True if the peer closed `connection` while it was idle: its transport is closing, or
+    its reader is at the end (a Redis stopped leaves the transport half open), so that a
+    call on it could not tell whether Redis ran it."""
+    writer, reader = getattr(connection, "_writer", None), getattr(connection, "_reader", None)
+    if writer is None or reader is None:
+        return False  # not connected yet
+    return bool(writer.transport.is_closing() or reader.at_eof())
 
 
 def _bulk(value: object) -> bytes:
@@ -22,9 +34,16 @@ def _bulk(value: object) -> bytes:
 
 
 class ScriptLane:
-    """Calls `scripts` (name -> redis-py Script of `client`) with `keys`."""
+    """Calls `scripts` (name -> redis-py Script of `client`) with `keys`; `unsent(args)` is
+    told of a call that ended before any of it was written."""
 
-    def __init__(self, client: Any, scripts: dict[str, Any], keys: list[str]) -> None:
+    def __init__(
+        self,
+        client: Any,
+        scripts: dict[str, Any],
+        keys: list[str],
+        unsent: Callable[[list[Any]], None] | None = None,
+    ) -> None:
         from redis import exceptions
         from redis.asyncio import Redis
 
@@ -36,14 +55,20 @@ class ScriptLane:
         self._free: list[Any] = []  # connections kept, idle
         self._broken: list[Any] = []  # connections a call left mid-reply: given back first
         self._no_script, self._answered = exceptions.NoScriptError, exceptions.ResponseError
+        self._unsent = unsent
 
     async def call(self, name: str, args: list[Any]) -> Any:
         """Run script `name` with `args`; its raw reply."""
         if self._pool is None:
             return await self._usual(name, args)
-        if self._broken:
-            await self._give_back_broken()
-        connection = self._kept() or await self._pool.get_connection()
+        try:
+            if self._broken:
+                await self._give_back_broken()
+            connection = await self._connection()
+        except BaseException:  # nothing of the call was written, whatever ended it
+            if self._unsent is not None:
+                self._unsent(args)
+            raise
         try:
             await connection.send_packed_command(self._packed(name, args), check_health=False)
             reply = await connection.read_response()
@@ -62,14 +87,26 @@ class ScriptLane:
         self._free.append(connection)
         return reply
 
+    async def _connection(self) -> Any:
+        """An idle kept connection, else the pool's; connected (its check sent), else raises
+        with nothing of a call written."""
+        assert self._pool is not None
+        connection = self._kept() or await self._pool.get_connection()
+        if not connection.is_connected:
+            try:
+                await connection.connect()
+            except BaseException:
+                self._broken.append(connection)
+                raise
+        return connection
+
     def _kept(self) -> Any:
-        """An idle kept connection whose transport is open (one the peer closed meanwhile is
-        given back to the pool, which reconnects it), or None."""
+        """An idle kept connection the peer has not closed (one it closed meanwhile is given
+        back to the pool, which reconnects it), or None."""
         while self._free:
             connection = self._free.pop()
-            writer = getattr(connection, "_writer", None)
-            if writer is None or not writer.transport.is_closing():
-                return connection  # (not connected yet: it connects as it sends)
+            if not _closed_by_peer(connection):
+                return connection  # (not connected yet: `_connection` connects it)
             self._broken.append(connection)
         return None
 

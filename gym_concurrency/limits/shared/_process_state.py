@@ -5,10 +5,10 @@ here and brings back what Redis answers, through the few methods of `ProcessSide
 
 A waiter is queued in Redis (`_queue_in_redis`, the one way in, for a new waiter and for one
 that waited in the fallback alike); while Redis cannot be asked it is refused "unavailable",
-or (`redis_unavailable="local"`) admitted through the fallback, whose slots get ids so that
-the heartbeat registers them as leases once Redis answers, and whose waiters then queue in
-Redis. A waiter that ends here (its timeout or deadline, its task leaving) undoes what it holds
-or queues elsewhere.
+or (`redis_unavailable="local"`, a limit without rate budgets: they are kept only in Redis)
+admitted through the fallback, whose slots get ids so that the heartbeat registers them as
+leases once Redis answers, and whose waiters then queue in Redis. A waiter that ends here
+(its timeout or deadline, its task leaving) undoes what it holds or queues elsewhere.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ class ProcessState:
     `held`, `waiters` and `fallback` are read by the limit and by `sync`; how waits end here
     is counted in `counts` (timeouts, shed, capped, refused "budget"; the limit's, which
     counts cancels) and `unavailable` (monotonic, each failed admission counted once).
-    `fallback_slots` (None: "refuse") sizes the fallback; `on_lease_lost(ids)` runs after the
-    warning for leases not renewed in time."""
+    `fallback_slots` (None: refuse, as "refuse" mode and a limit with budgets do) sizes the
+    fallback; `on_lease_lost(ids)` runs after the warning for leases not renewed in time."""
 
     def __init__(
         self,
@@ -187,8 +187,8 @@ class ProcessState:
         self.waiters.end(waiter)
         if not waiter.future.done():  # else cancelled with its task, counted when it leaves
             budget = self._store.budget
-            if budget is not None and budget.blocking() is not None:
-                refusal = "budget"  # slots were free: the budgets held the queue up
+            if refusal == "timeout" and budget is not None and budget.blocking() is not None:
+                refusal = "budget"  # the budgets held the queue up (a deadline is its own)
             self.counts.timed_out(refusal)  # a deadline too
             waiter.future.set_result(refusal)
         self._abandon(waiter)
@@ -226,6 +226,9 @@ class ProcessState:
         timeout or deadline)."""
         lease = waiter.id
         assert lease is not None
+        budget = self._store.budget
+        if status == QUEUED and budget is not None and waiter.tokens is not None:
+            budget.fits_in(waiter.tokens, wait_ms)  # (what a refusal's Retry-After says)
         waiter.registered = status != SHED  # (a renewal must not queue it again)
         if not self.waiters.current(waiter) or waiter.future.done():
             # It ended meanwhile (timeout, leave, cancel), or a notification was first.

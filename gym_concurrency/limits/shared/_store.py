@@ -44,6 +44,7 @@ _log = logging.getLogger("gym_concurrency.limits.shared")
 RECHECK_SECONDS: Final = 1.0  # the longest a lost notification can delay a waiter
 _EXPIRY_MARGIN: Final = 0.005  # re-check this long after a lease is due to expire
 _STAMP_STEP_BACK: Final = 1_000_000  # µs: an older stamp by more than this is a clock stepped back
+_BUDGET_ARG: Final = 5  # where `_args` puts the budgets' argument
 
 _R = TypeVar("_R", bound=Reply)
 
@@ -137,7 +138,7 @@ class RedisStore:
         self._client = self._connection.admissions()
         self._mailbox_client = self._connection.mailbox(RECHECK_SECONDS)
         self._scripts = _register(self._client)
-        self._lane = ScriptLane(self._client, self._scripts, self.keys)
+        self._lane = ScriptLane(self._client, self._scripts, self.keys, unsent=self._unsent)
 
     def start_blocking(self) -> Any:
         """Make a heartbeat thread's own blocking client and its scripts, used from now on;
@@ -209,6 +210,13 @@ class RedisStore:
         contacted = "1" if self._contacted else "0"  # (a missing limit then means it was lost)
         budget = "" if self.budget is None else self.budget.argument(not self.down)
         return [self.mailbox_prefix, self.lease_ms, self.limit, self.proc, contacted, budget, *args]
+
+    def _unsent(self, args: list[Any]) -> None:
+        """A call of the lane with `args` failed before any of it was written to Redis: the
+        settlements and readings it carried go with a later call (one that may have run,
+        a timeout after it was sent, never comes here: they would be charged twice)."""
+        if self.budget is not None:
+            self.budget.unsent(args[_BUDGET_ARG])
 
     async def _call(self, script: str, args: list[Any], unpack: Callable[[list[Any]], _R]) -> _R:
         assert self._lane is not None, "start() makes the lane"

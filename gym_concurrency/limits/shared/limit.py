@@ -62,7 +62,8 @@ class SharedLimit(LimitBase):
     once in the process where it happened. When Redis cannot be
     reached, `redis_unavailable="refuse"` ends an admission "unavailable" and `"local"` admits
     it through a process-local semaphore of `local_max_concurrent` slots (registered as
-    leases once Redis answers again); both are counted in `admission_unavailable`.
+    leases once Redis answers again; a limit with a `budget` refuses: the budget is kept
+    only in Redis); both are counted in `admission_unavailable`.
     Leases this process could not renew within `lease_seconds` are counted in
     `admission_lease_lost`, logged, and handed to `on_lease_lost(limit, ids)`.
 
@@ -126,7 +127,10 @@ class SharedLimit(LimitBase):
         self._lease_seconds = float(lease_seconds)
         self._mode: RedisUnavailable = redis_unavailable
         self._local_max = local_max_concurrent
-        fallback = "refused" if redis_unavailable == "refuse" else "admitted through the fallback"
+        # A rate budget is kept only in Redis: no process alone knows what the others spent,
+        # so a limit with one has no fallback to admit through ("local" refuses too).
+        fallback_slots = local_max_concurrent if budget is None else None
+        fallback = _fallback_note(redis_unavailable, fallback_slots)
         self._rate_budget = budget  # its sizes; its state is `_shared_budget`'s, in Redis
         self._shared_budget: SharedBudget | None = None
         if budget is not None:
@@ -145,7 +149,7 @@ class SharedLimit(LimitBase):
         self._state = ProcessState(
             self._store,
             counts,
-            fallback_slots=local_max_concurrent,
+            fallback_slots=fallback_slots,
             max_queue=max_queue,
             lease_seconds=self._lease_seconds,
             on_lease_lost=None if on_lease_lost is None else functools.partial(on_lease_lost, self),
@@ -188,7 +192,8 @@ class SharedLimit(LimitBase):
 
     @property
     def local_max_concurrent(self) -> int | None:
-        """Slots of the process-local fallback ("local" mode), else None."""
+        """Slots of the process-local fallback ("local" mode), else None. A limit with a
+        budget admits nothing through it (its budget is kept only in Redis)."""
         return self._local_max
 
     # --- state -----------------------------------------------------------------------
@@ -206,7 +211,8 @@ class SharedLimit(LimitBase):
     @property
     def available(self) -> int:
         """Weight free across all processes, as last seen; 0 while a shrunk limit drains.
-        While Redis cannot be reached: 0 ("refuse"), or the local fallback's free slots."""
+        While Redis cannot be reached: 0 ("refuse", or a limit with a budget), or the local
+        fallback's free slots."""
         state = self._state
         if self._sync.refusing() or state.closed:
             return state.fallback.available if state.fallback is not None else 0
@@ -369,11 +375,11 @@ class SharedLimit(LimitBase):
 
     def _upstream_refused(self, refusal: UpstreamRefusal, tokens: int) -> UpstreamCapacityError:
         # The budgets are in Redis, not an `upstream`: when they hold the call is as last
-        # seen (how long the waiter chosen next still waits for them).
+        # seen (what Redis said of its estimate, and of the waiter chosen next).
         budget = self._shared_budget
         if refusal != "budget" or budget is None:
             return super()._upstream_refused(refusal, tokens)
-        wait = budget.blocking()
+        wait = budget.wait(tokens)
         when = "not known yet" if wait is None else f"in {wait:.3f} s"
         message = (
             f"{self._describe()}: the rate budget could not hold {tokens} tokens within the "
@@ -433,3 +439,15 @@ class SharedLimit(LimitBase):
 
     def _bind(self) -> asyncio.AbstractEventLoop:
         return self._life.bind()
+
+
+def _fallback_note(mode: RedisUnavailable, fallback_slots: int | None) -> str:
+    """What admissions do while Redis is away, as the warning of an outage says it."""
+    if fallback_slots is not None:
+        return "admitted through the fallback"
+    if mode == "local":
+        return (
+            "refused, not admitted through the local fallback (a limit with a rate budget "
+            "keeps it only in Redis: no process alone knows what the others spent)"
+        )
+    return "refused"

@@ -1,0 +1,236 @@
+"""A global limit's rate budget under faults and at its edges, on a real redis-server (a review
+of issue 35; each defect's test failed before its fix, and two guard what must not change):
+
+- while Redis cannot be reached, `redis_unavailable="local"` admits nothing of a limit with a
+  budget through its fallback (the budget is kept only in Redis: 4 asks of 100 tokens were
+  admitted on a 100-a-minute budget), refuses "unavailable" and says why once;
+- a global route's budget refusal answers the Retry-After the process route answers (it said
+  the queue timeout, 2, where the process route said 61);
+- a waiter whose own deadline passes behind a waiter the budget holds up ends "deadline"
+  (it ended "budget"); one ended by the limit's timeout ends "budget";
+- a settlement whose call never reached Redis (no connection could be made) goes with a later
+  call (it was lost: an overrun never charged); one whose call was sent and timed out is not
+  sent again (charged once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+import pytest
+from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencySettings, RouteLimit
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from gym_concurrency import SharedLimit
+from gym_concurrency.limits import registered_limits
+from gym_concurrency.limits.rate_budget import RateBudget
+from gym_concurrency.limits.shared import scripts
+from gym_concurrency.upstream_view import budget_wait
+from tests.shared.helpers import Limits, kept, settle, until_aged, wait_for
+from tests.shared.redis_server import RedisServer
+
+
+def tpm(n: int) -> RateBudget:
+    return RateBudget(tokens_per_minute=n)
+
+
+# --- Redis away: no fallback for a budget -----------------------------------------------
+
+
+async def test_local_mode_refuses_a_budgeted_admission_while_redis_is_away(
+    on_own: Limits, own_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "gym_concurrency.limits.shared")
+    limit = on_own(4, budget=tpm(100), redis_unavailable="local", local_max_concurrent=4, timeout=1)
+    assert await limit.connect()
+    own_redis.stop()
+    outcomes = []
+    for _ in range(4):
+        waiter = limit.enqueue(tokens=100)
+        outcomes.append(await waiter)
+        assert limit.settle(waiter) is None
+    assert outcomes == ["unavailable"] * 4  # (before: 4 admitted on a budget of 100)
+    assert (limit.admission_unavailable, limit.active, limit.available) == (4, 0, 0)
+    said = [r.getMessage() for r in caplog.records if "rate budget" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "refused" in said[0]
+    assert "only in Redis" in said[0]
+
+
+async def test_local_mode_without_a_budget_still_admits_through_its_fallback(
+    on_own: Limits, own_redis: RedisServer
+) -> None:
+    limit = on_own(4, redis_unavailable="local", local_max_concurrent=2, timeout=1)
+    assert await limit.connect()
+    own_redis.stop()
+    assert [await limit.enqueue() for _ in range(2)] == ["admitted"] * 2
+    limit.release()
+    limit.release()
+
+
+# --- Retry-After of a global route ------------------------------------------------------
+
+
+async def test_a_global_routes_budget_refusal_says_when_the_budget_holds_it(
+    redis_server: RedisServer, key: str
+) -> None:
+    await until_aged(redis_server, 5)  # (a 10 s lease: a Redis under 3.9 s old gives a grace)
+
+    async def endpoint(_: Request) -> JSONResponse:
+        return JSONResponse({"usage": {"prompt_tokens": 50, "completion_tokens": 50}})
+
+    retry_after: dict[str, int] = {}
+    try:
+        for scope in ("process", "global"):
+            settings = ConcurrencySettings(
+                component=f"{key}-{scope}",
+                redis_url=redis_server.url,
+                routes=[
+                    RouteLimit(
+                        path="/x",
+                        limit_name="x",
+                        max_concurrent=4,
+                        scope=scope,
+                        failure="openai",
+                        queue_timeout_seconds=2,
+                        tokens_per_minute=100,
+                        tokens="json:est",
+                    )
+                ],
+            )
+            app = ConcurrencyLimitMiddleware(
+                Starlette(routes=[Route("/x", endpoint, methods=["POST"])]), settings=settings
+            )
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                first = await client.post("/x", json={"est": 100})
+                refused = await client.post("/x", json={"est": 100})
+            assert (first.status_code, refused.status_code) == (200, 429), scope
+            retry_after[scope] = int(refused.headers["retry-after"])
+    finally:
+        for limit in registered_limits():
+            if isinstance(limit, SharedLimit) and limit.component == f"{key}-global":
+                await limit.close()
+    assert 59 <= retry_after["process"] <= 61
+    assert abs(retry_after["global"] - retry_after["process"]) <= 2, retry_after  # (before: 2)
+
+
+async def test_budget_wait_of_a_global_limit_is_its_estimates_as_last_seen(
+    limits: Limits, redis_server: RedisServer
+) -> None:
+    await until_aged(redis_server)
+    limit = limits(4, budget=tpm(1000), timeout=1)
+    assert budget_wait(limit, 100) == 0.0  # room for it, as last seen
+    held = limit.enqueue(tokens=900)
+    assert await held == "admitted"
+    assert await limit.enqueue(tokens=200) == "budget"
+    wait = budget_wait(limit, 200)
+    assert wait is not None
+    assert 58 < wait <= 61
+    await settle(limit)  # the refused waiter is gone from the queue: none waits
+    assert budget_wait(limit, 100) == 0.0  # the newest answer has room for 100
+    reservation = limit.settle(held)
+    assert reservation is not None
+    reservation.cancel()
+    limit.release()
+    await settle(limit)
+
+
+# --- a deadline stays a deadline --------------------------------------------------------
+
+
+async def test_a_deadline_behind_a_waiter_held_up_by_the_budget_ends_deadline(
+    limits: Limits, redis_server: RedisServer
+) -> None:
+    await until_aged(redis_server)
+    holder, head = limits(4, budget=tpm(1000)), limits(4, budget=tpm(1000))
+    by_deadline, by_timeout = limits(4, budget=tpm(1000)), limits(4, budget=tpm(1000), timeout=1)
+    assert await holder.enqueue(tokens=900) == "admitted"
+    first = head.enqueue(tokens=500)  # waits ~60 s for the budget, the slots kept for it
+    await settle(holder, head)
+    late = by_deadline.enqueue(tokens=50, deadline=1.0)  # fits alone, never passes the head
+    timed = by_timeout.enqueue(tokens=50)
+    assert await asyncio.wait_for(late, 3) == "deadline"  # (before: "budget")
+    assert await asyncio.wait_for(timed, 3) == "budget"  # the limit's timeout: the budget's
+    assert (by_deadline.admission_timeouts, by_deadline.admission_budget) == (1, 0)
+    assert (by_timeout.admission_timeouts, by_timeout.admission_budget) == (1, 1)
+    assert not first.done()
+    head.leave(first)
+    holder.release()
+    await settle(holder, head, by_deadline, by_timeout)
+
+
+# --- settlements whose call failed ------------------------------------------------------
+
+
+def _addresses(limit: SharedLimit) -> list[str]:
+    """`ip:port` of every connection the limit's admissions client has open."""
+    pool = limit._store._client.connection_pool
+    found = []
+    for connection in [*pool._available_connections, *pool._in_use_connections]:
+        writer = getattr(connection, "_writer", None)
+        if writer is not None:
+            host, port = writer.get_extra_info("sockname")[:2]
+            found.append(f"{host}:{port}")
+    return found
+
+
+async def test_a_settlement_whose_call_never_reached_redis_goes_with_a_later_call(
+    on_own: Limits, own_redis: RedisServer
+) -> None:
+    client = own_redis.client()
+    await until_aged(own_redis)
+    limit = on_own(4, budget=tpm(1000), lease_seconds=6, redis_timeout=0.3)
+    waiter = limit.enqueue(tokens=100)
+    assert await waiter == "admitted"
+    reservation = limit.settle(waiter)
+    assert reservation is not None
+    await settle(limit)
+    assert kept(client, limit)["u"]["t"] == 100
+    # Redis takes no new connection, and the admissions' own are closed: the next call of
+    # the event loop cannot be made (the mailbox and the heartbeat keep theirs).
+    client.config_set("maxclients", 1)
+    try:
+        for address in _addresses(limit):
+            client.client_kill_filter(_type=None, addr=address)
+        await asyncio.sleep(0.1)  # (the loop sees them closed)
+        reservation.settle(300)  # 200 over the estimate: charged now
+        await settle(limit)  # the call that carried it failed
+    finally:
+        client.config_set("maxclients", 10000)
+    await wait_for(lambda: limit.connected, 5.0, "Redis answers again")
+    limit.release()
+    await wait_for(lambda: kept(client, limit)["u"]["t"] == 300, 3.0, "charged")
+    await settle(limit)
+    assert kept(client, limit)["u"]["t"] == 300
+
+
+async def test_a_settlement_whose_call_was_sent_and_timed_out_is_charged_once(
+    on_own: Limits, own_redis: RedisServer
+) -> None:
+    client = own_redis.client()
+    await until_aged(own_redis)
+    limit = on_own(4, budget=tpm(1000), lease_seconds=6, redis_timeout=0.3)
+    waiter = limit.enqueue(tokens=100)
+    assert await waiter == "admitted"
+    reservation = limit.settle(waiter)
+    assert reservation is not None
+    await settle(limit)
+    client.script_load(scripts.REMOVE)  # (else its first call, held up, only loads it)
+    own_redis.pause()
+    try:
+        reservation.settle(300)  # sent, and no answer within redis_timeout
+        await wait_for(lambda: not limit.connected, 3.0, "the call timed out")
+    finally:
+        own_redis.resume()  # it runs what it had received: the overrun, once
+    await wait_for(lambda: limit.connected, 5.0, "Redis answers again")
+    limit.release()
+    await settle(limit)
+    await wait_for(lambda: kept(client, limit)["u"]["t"] == 300, 3.0, "charged")
+    await limit._sync.sync()  # a renewal too: nothing more rides on it
+    assert kept(client, limit)["u"]["t"] == 300
