@@ -24,6 +24,7 @@ from gym_concurrency.middleware import ConcurrencySettings
 from gym_concurrency.middleware.limits import ConcurrencyLimits
 
 from gym_concurrency.limits import Limit
+from gym_concurrency.upstream_view import upstream_statistics
 
 __all__ = ["client_limit", "limit_figures", "released"]
 
@@ -86,12 +87,10 @@ def limit_figures(limit: Limit) -> dict[str, Any]:
         for k, v in dataclasses.asdict(limit.statistics()).items()
         if isinstance(v, int | float)
     }
-    for part in ("budget", "engine"):
-        held = getattr(limit, part, None)
-        reading = getattr(held, "statistics", None)
+    # As the observer reads them: a global limit's budget is the one kept in Redis.
+    for part, reading in zip(("budget", "engine"), upstream_statistics(limit), strict=True):
         if reading is not None:
-            with contextlib.suppress(TypeError):  # not a dataclass: left out
-                figures[part] = _plain(dataclasses.asdict(reading()))
+            figures[part] = _plain(dataclasses.asdict(reading))
     return figures
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from opentelemetry.metrics import MeterProvider
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gym_concurrency import LimitConfigurationError
+from gym_concurrency import LimitConfigurationError, SharedLimit
 from gym_concurrency.deadline import within_deadline
 from gym_concurrency.flow import within_flow
 
@@ -268,7 +268,7 @@ class ConcurrencyLimitMiddleware:
                     "gym_concurrency: limit %r: its Redis cannot be reached; admissions are "
                     "%s until it can",
                     limit.limit_name,
-                    "refused" if self.settings.redis_unavailable == "refuse" else "local",
+                    "local" if _falls_back(limit, self.settings.redis_unavailable) else "refused",
                 )
         return None
 
@@ -419,3 +419,9 @@ def _deadline_at(scope: Scope, seconds: float | None) -> float | None:
     at = asyncio.get_running_loop().time() + seconds
     scope.setdefault("state", {})[DEADLINE_STATE_KEY] = at
     return at
+
+
+def _falls_back(limit: SharedLimit, redis_unavailable: str) -> bool:
+    """Whether `limit` admits locally while Redis is away: not with a rate budget, which is
+    kept only in Redis (docs/reliability.md)."""
+    return redis_unavailable == "local" and limit.shared_budget is None

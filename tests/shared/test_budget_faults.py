@@ -25,18 +25,24 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from starlette.testclient import TestClient
 
 from gym_concurrency import SharedLimit
 from gym_concurrency.limits import registered_limits
 from gym_concurrency.limits.rate_budget import RateBudget
 from gym_concurrency.limits.shared import scripts
 from gym_concurrency.upstream_view import budget_wait
+from tests.servers import free_port
 from tests.shared.helpers import Limits, kept, settle, until_aged, wait_for
 from tests.shared.redis_server import RedisServer
 
 
 def tpm(n: int) -> RateBudget:
     return RateBudget(tokens_per_minute=n)
+
+
+async def endpoint(_: Request) -> JSONResponse:
+    return JSONResponse({"usage": {"prompt_tokens": 50, "completion_tokens": 50}})
 
 
 # --- Redis away: no fallback for a budget -----------------------------------------------
@@ -80,9 +86,6 @@ async def test_a_global_routes_budget_refusal_says_when_the_budget_holds_it(
     redis_server: RedisServer, key: str
 ) -> None:
     await until_aged(redis_server, 5)  # (a 10 s lease: a Redis under 3.9 s old gives a grace)
-
-    async def endpoint(_: Request) -> JSONResponse:
-        return JSONResponse({"usage": {"prompt_tokens": 50, "completion_tokens": 50}})
 
     retry_after: dict[str, int] = {}
     try:
@@ -234,3 +237,27 @@ async def test_a_settlement_whose_call_was_sent_and_timed_out_is_charged_once(
     await wait_for(lambda: kept(client, limit)["u"]["t"] == 300, 3.0, "charged")
     await limit._sync.sync()  # a renewal too: nothing more rides on it
     assert kept(client, limit)["u"]["t"] == 300
+
+
+def test_the_start_says_a_budgeted_global_limit_refuses_while_redis_is_away(
+    caplog: pytest.LogCaptureFixture, key: str
+) -> None:
+    caplog.set_level(logging.WARNING, "gym_concurrency")
+    routes = [
+        RouteLimit(path="/b", limit_name="budgeted", max_concurrent=4, scope="global",
+                   tokens_per_minute=100),
+        RouteLimit(path="/s", limit_name="slots", max_concurrent=4, scope="global"),
+    ]  # fmt: skip
+    settings = ConcurrencySettings(
+        component=key,
+        redis_url=f"redis://127.0.0.1:{free_port()}/0",  # nothing listens there
+        redis_unavailable="local",
+        routes=routes,
+    )
+    served = [Route(path, endpoint, methods=["POST"]) for path in ("/b", "/s")]
+    app = ConcurrencyLimitMiddleware(Starlette(routes=served), settings=settings)
+    with TestClient(app):  # its lifespan: the start connects the global limits
+        pass
+    said = {r.getMessage() for r in caplog.records if "cannot be reached" in r.getMessage()}
+    assert any("'budgeted'" in line and "are refused until" in line for line in said), said
+    assert any("'slots'" in line and "are local until" in line for line in said), said
