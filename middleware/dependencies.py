@@ -4,7 +4,8 @@ configured OperationLimit through `resources_operation`, timing only the guarded
 of the limit (capped at its size) in `flow`, served fairly among flows. The default flow is the
 request's (`RouteLimit.flow`; gym_concurrency.flow), as for outbound calls. On a limit with a
 rate budget, a block also reserves `tokens` (`handle(tokens=...)`, else `OperationLimit.tokens`,
-else its weight), charged in full: a block reports no usage to settle it by."""
+else its weight): `handle.settle(tokens=...)` inside the block charges what the work used (the
+rest is refunded), else the block's exit charges the reservation in full."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from starlette.requests import HTTPConnection
 from gym_concurrency import ResourcesOperation, resources_operation
 from gym_concurrency.flow import ROUTE_FLOW, flow_or_route
 from gym_concurrency.limits import Limit
+from gym_concurrency.limits.limit import Held, Hold
+from gym_concurrency.upstream_view import has_upstream
+from gym_concurrency.usage import Usage
 
 from .limits import LIMITS_SCOPE_KEY, ConcurrencyLimits, LimitedOperation
 from .routing import UnknownRouteError, iter_routes
@@ -33,13 +37,15 @@ class OperationHandle:
     the limit in the request's flow (TimeoutError after its `timeout_seconds`) and reports the
     operation; `async with handle(weight=..., flow=...) as op:` the same for `weight` in `flow`."""
 
-    __slots__ = ("_limit", "_meter_provider", "_open")
+    __slots__ = ("_holds", "_limit", "_meter_provider", "_open")
 
     def __init__(self, limit: LimitedOperation, meter_provider: Any = None) -> None:
         self._limit = limit
         self._meter_provider = meter_provider
         # Open blocks per task, so concurrent blocks in one request each close their own.
         self._open: dict[asyncio.Task[Any] | None, list[Any]] = {}
+        # The budgeted holds of this handle's open blocks per task, innermost last: settle()'s.
+        self._holds: dict[asyncio.Task[Any] | None, list[WeighedHold]] = {}
 
     @property
     def limit(self) -> LimitedOperation:
@@ -59,14 +65,26 @@ class OperationHandle:
         flow = flow_or_route(flow)
         tokens = config.tokens if tokens is None else tokens
         plain = flow is None and weight == 1 and type(weight) is int  # True is no weight
-        if not plain or tokens is not None:
-            limit = WeighedHold(limit, weight, flow, tokens)
+        if not plain or tokens is not None or has_upstream(limit):
+            limit = WeighedHold(limit, weight, flow, tokens, self._holds)
         return resources_operation(
             limit,
             config.operation,
             config.executor,
             meter_provider=self._meter_provider,
         )
+
+    def settle(self, tokens: int | Usage) -> None:
+        """Close the reservation of this handle's innermost block open in this task with what
+        its work used (`tokens`, a total, or a Usage): the rest of the estimate is refunded.
+        Nothing without a budget; RuntimeError outside a block; ValueError if settled twice."""
+        holds = self._holds.get(asyncio.current_task())
+        if not holds:
+            raise RuntimeError(
+                f"operation limit {self._limit.config.limit_name!r}: settle() is called inside "
+                "an `async with handle` block, for the block's reservation"
+            )
+        holds[-1].settle(tokens)
 
     def __call__(
         self, *, weight: int = 1, flow: Hashable = ROUTE_FLOW, tokens: int | None = None
@@ -108,13 +126,19 @@ class OperationHandle:
 class WeighedHold:
     """`weight` of `limit` in `flow` for one block: the weight is capped at the limit's size
     when the block is entered (a heavier one could never be admitted) and the same weight and
-    flow are released on exit; `tokens` (None: none asked) are reserved of the limit's budget
-    and charged in full."""
+    flow are released on exit; `tokens` (None: the limit's own estimate) are reserved of the
+    limit's budget, closed by `settle()` in the block, else charged in full on exit. While
+    open, the hold is the last of its task's list in `open_holds`."""
 
-    __slots__ = ("_flow", "_held", "_limit", "_tokens", "_weight")
+    __slots__ = ("_flow", "_held", "_hold", "_limit", "_open_holds", "_tokens", "_weight")
 
     def __init__(
-        self, limit: Limit, weight: int, flow: Hashable, tokens: int | None = None
+        self,
+        limit: Limit,
+        weight: int,
+        flow: Hashable,
+        tokens: int | None = None,
+        open_holds: dict[asyncio.Task[Any] | None, list[WeighedHold]] | None = None,
     ) -> None:
         named = f"operation limit {limit.limit_name!r}"
         if isinstance(weight, bool) or not isinstance(weight, int):
@@ -129,19 +153,33 @@ class WeighedHold:
         self._weight = weight
         self._flow = flow
         self._tokens = tokens
-        self._held = 0
+        self._open_holds = {} if open_holds is None else open_holds
+        self._hold: Hold | None = None
+        self._held: Held | None = None
 
     async def __aenter__(self) -> None:
         weight = min(self._weight, max(1, self._limit.limit))
-        if self._tokens is None:
-            await self._limit.acquire(weight, self._flow)
-        else:
-            await self._limit.acquire(weight, self._flow, tokens=self._tokens)
-        self._held = weight
+        hold = self._limit.hold(weight, self._flow, tokens=self._tokens)
+        self._held = await hold.__aenter__()
+        self._hold = hold
+        self._open_holds.setdefault(asyncio.current_task(), []).append(self)
 
     async def __aexit__(self, *exc: object) -> None:
-        held, self._held = self._held, 0
-        self._limit.release(held, self._flow)
+        hold, self._hold, self._held = self._hold, None, None
+        for task, holds in list(self._open_holds.items()):
+            if self in holds:  # (an async generator may be finalized in another task)
+                holds.remove(self)
+                if not holds:
+                    del self._open_holds[task]
+                break
+        if hold is not None:
+            await hold.__aexit__(*exc)  # the reservation, unless settled, charged in full
+
+    def settle(self, usage: int | Usage) -> None:
+        """Close the reservation with what the block's work used (see OperationHandle.settle)."""
+        if self._held is None:
+            raise RuntimeError("settle() of a block that is not open")
+        self._held.settle(usage)
 
 
 def operation_limit(
