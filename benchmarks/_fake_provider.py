@@ -21,7 +21,9 @@ Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{l
 reset}` (reset an RFC 3339 time): the reset is when the window will be empty (a bucket: full)
 again. `GET /stats` says what was served and refused (by reason), the tokens and requests in
 the window (a bucket: taken and not yet refilled) now and at most, and the tokens served in
-each whole window since the start.
+each whole window since the start. `GET /calls` lists the calls served, each as its moment (the
+provider's clock, `time.monotonic()`) and its tokens, the newest `CALLS_KEPT` (100,000): any
+window's served tokens and requests, exactly (a benchmark's sliding-minute maximum).
 
     python -m benchmarks._fake_provider --port P [--tpm 60000] [--rpm 500] [--itpm N]
         [--otpm N] [--completion-share 1.0] [--base-ms 20] [--us-per-token 0]
@@ -46,10 +48,18 @@ from typing import Any
 from benchmarks._asgi import read_body
 from benchmarks._tokens_upstream import strings
 
-__all__ = ["FakeProvider", "SlidingWindow", "TokenBucket", "go_duration", "prompt_tokens"]
+__all__ = [
+    "CALLS_KEPT",
+    "FakeProvider",
+    "SlidingWindow",
+    "TokenBucket",
+    "go_duration",
+    "prompt_tokens",
+]
 
 _JSON = (b"content-type", b"application/json")
 _SSE = (b"content-type", b"text/event-stream")
+CALLS_KEPT = 100_000  # the newest calls served that `GET /calls` lists (memory bounded)
 
 
 class SlidingWindow:
@@ -201,6 +211,7 @@ class FakeProvider:
         self.refused: dict[str, int] = {}
         self.tokens_served = 0
         self.per_window: dict[int, int] = {}  # whole windows since the start -> tokens served
+        self.calls: deque[tuple[float, int]] = deque(maxlen=CALLS_KEPT)  # (moment, tokens) served
         self.malformed = 0
 
     def stats(self) -> dict[str, Any]:
@@ -220,6 +231,11 @@ class FakeProvider:
             "malformed": self.malformed,
         }
 
+    def calls_served(self) -> dict[str, Any]:
+        """What `GET /calls` answers: the newest calls served, [moment, tokens] each, oldest
+        first."""
+        return {"kept": CALLS_KEPT, "calls": [[at, tokens] for at, tokens in self.calls]}
+
     def _index(self, now: float) -> int:
         return int((now - self.started) // self.window_seconds)
 
@@ -230,6 +246,8 @@ class FakeProvider:
         path = scope["path"]
         if path == "/stats":
             await _send(send, 200, [_JSON], json.dumps(self.stats()).encode())
+        elif path == "/calls":
+            await _send(send, 200, [_JSON], json.dumps(self.calls_served()).encode())
         elif path in ("/v1/chat/completions", "/v1/messages"):
             await self._call(send, body, anthropic=path == "/v1/messages")
         else:
@@ -260,6 +278,7 @@ class FakeProvider:
         self.tokens_served += cost["tokens"]
         index = self._index(now)
         self.per_window[index] = self.per_window.get(index, 0) + cost["tokens"]
+        self.calls.append((now, cost["tokens"]))
         await asyncio.sleep(self.base_seconds + self.seconds_per_token * cost["tokens"])
         streamed = request.get("stream") is True
         if streamed:
