@@ -22,12 +22,7 @@ from ..admission_counts import AdmissionCounts
 from ..asks import check_tokens
 from ..deadlines import check_deadline
 from ..flows import FlowStatistics
-from ..limit import (
-    Admission,
-    GlobalStatistics,
-    LimitStatistics,
-    UpstreamCapacityError,
-)
+from ..limit import Admission, GlobalStatistics, LimitStatistics, UpstreamCapacityError
 from ..rate_budget import RateBudget, RateBudgetStatistics
 from ..upstream import UpstreamRefusal
 from . import scripts
