@@ -31,6 +31,7 @@ from gym_concurrency import SharedLimit
 from gym_concurrency.limits import registered_limits
 from gym_concurrency.limits.rate_budget import RateBudget
 from gym_concurrency.limits.shared import scripts
+from gym_concurrency.limits.shared._budget import SharedReservation
 from gym_concurrency.upstream_view import budget_wait
 from tests.servers import free_port
 from tests.shared.helpers import Limits, kept, settle, until_aged, wait_for
@@ -183,17 +184,25 @@ def _addresses(limit: SharedLimit) -> list[str]:
     return found
 
 
-async def test_a_settlement_whose_call_never_reached_redis_goes_with_a_later_call(
+async def _admitted_with_100(
     on_own: Limits, own_redis: RedisServer
-) -> None:
-    client = own_redis.client()
+) -> tuple[SharedLimit, SharedReservation]:
+    """A limit on an aged Redis, admitted with a reservation of 100 tokens, settled."""
     await until_aged(own_redis)
     limit = on_own(4, budget=tpm(1000), lease_seconds=6, redis_timeout=0.3)
     waiter = limit.enqueue(tokens=100)
     assert await waiter == "admitted"
     reservation = limit.settle(waiter)
-    assert reservation is not None
+    assert isinstance(reservation, SharedReservation)
     await settle(limit)
+    return limit, reservation
+
+
+async def test_a_settlement_whose_call_never_reached_redis_goes_with_a_later_call(
+    on_own: Limits, own_redis: RedisServer
+) -> None:
+    client = own_redis.client()
+    limit, reservation = await _admitted_with_100(on_own, own_redis)
     assert kept(client, limit)["u"]["t"] == 100
     # Redis takes no new connection, and the admissions' own are closed: the next call of
     # the event loop cannot be made (the mailbox and the heartbeat keep theirs).
@@ -217,13 +226,7 @@ async def test_a_settlement_whose_call_was_sent_and_timed_out_is_charged_once(
     on_own: Limits, own_redis: RedisServer
 ) -> None:
     client = own_redis.client()
-    await until_aged(own_redis)
-    limit = on_own(4, budget=tpm(1000), lease_seconds=6, redis_timeout=0.3)
-    waiter = limit.enqueue(tokens=100)
-    assert await waiter == "admitted"
-    reservation = limit.settle(waiter)
-    assert reservation is not None
-    await settle(limit)
+    limit, reservation = await _admitted_with_100(on_own, own_redis)
     client.script_load(scripts.REMOVE)  # (else its first call, held up, only loads it)
     own_redis.pause()
     try:
