@@ -43,7 +43,8 @@ def misconfiguration(error: BaseException) -> str | None:
         if "can't run this command" in text or "ACL failure in script" in text:
             return (
                 "not authorized by Redis's ACL to run a command the limit's scripts use "
-                f"(EVAL, EVALSHA, INFO and the keys' commands): {text}"
+                "(EVAL, EVALSHA, INFO, on a Redis Cluster CLUSTER MYID, and the keys' "
+                f"commands): {text}"
             )
         if text.lower().startswith("unknown command") or "Unknown Redis command" in text:
             return (

@@ -93,12 +93,16 @@ class RedisStore:
         self.failures: tuple[type[BaseException], ...] = (OSError, TimeoutError)
         self.proc = ""  # this process's id on the limit (set by start())
         self.redis_url = safe_url(redis_url)  # for messages
+        # In a Redis Cluster every script also checks which node wrote the state (`id`): a
+        # connection kept from before its node was promoted never sent CHECK_SERVER there.
+        cluster = redis_url.startswith("redis+cluster://")
+        self._cluster = "c" if cluster else ""
         self._connection = Connection(
             redis_url,
             redis_timeout=redis_timeout,
             max_connections=max_connections,
             check=_check_server(
-                dict(zip(scripts.KEY_NAMES, self.keys, strict=True)), self.lease_ms
+                dict(zip(scripts.KEY_NAMES, self.keys, strict=True)), self.lease_ms, cluster
             ),
             on_state_missing=self._state_gone,
         )
@@ -208,6 +212,7 @@ class RedisStore:
 
     def _args(self, args: list[Any]) -> list[Any]:
         contacted = "1" if self._contacted else "0"  # (a missing limit then means it was lost)
+        contacted += self._cluster
         budget = "" if self.budget is None else self.budget.argument(not self.down)
         return [self.mailbox_prefix, self.lease_ms, self.limit, self.proc, contacted, budget, *args]
 
@@ -381,9 +386,10 @@ def _client_failed(error: Exception) -> ConnectionError:
     return ConnectionError(f"the Redis client failed: {error!r}")
 
 
-def _check_server(keys: dict[str, str], lease_ms: int) -> list[Any]:
+def _check_server(keys: dict[str, str], lease_ms: int, cluster: bool) -> list[Any]:
     """`scripts.CHECK_SERVER`'s command, as every new connection sends it."""
-    return ["EVAL", scripts.CHECK_SERVER, 2, keys["limit"], keys["state"], lease_ms]
+    mode = "c" if cluster else ""
+    return ["EVAL", scripts.CHECK_SERVER, 2, keys["limit"], keys["state"], lease_ms, mode]
 
 
 def _register(client: Any) -> dict[str, Any]:

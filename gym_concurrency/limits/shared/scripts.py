@@ -26,6 +26,8 @@ Keys, all under one hash tag so that they live in one cluster slot (`KEYS` order
                  s     the last ticket; e  no lease expires before this (clock ms)
                  g     until when (Redis's ms) a grace period lasts
                  run   the run id of the Redis that keeps the state (see `CHECK_SERVER`)
+                 id    in a Redis Cluster, the node that wrote it (CLUSTER MYID): a script
+                       on another node (a replica promoted) starts a grace period
                  fw, fh, f0, x, fn  fair queuing by flow (see `_lua_flows`)
                  b     the rate budgets' counts (JSON; see `budget.lua`)
 7. `members`     ZSET process id -> deadline (clock ms): the processes alive on this limit
@@ -56,7 +58,8 @@ weight counted is in the id as ever, and `capped` lets a renewal naming the wait
 
 Every script takes the same first six arguments: mailbox prefix, lease milliseconds, the
 limit as last seen (restored if the state is gone), this process's id, "1" if this
-process has seen the limit's state before (so that its absence means Redis lost it), and
+process has seen the limit's state before (so that its absence means Redis lost it; "0"
+if not, with "c" after it in a Redis Cluster, where every script runs CLUSTER MYID), and
 the rate budgets with the settlements and provider readings to apply first (`budget.lua`;
 "" for a limit without budgets, for which none of it runs).
 Every script answers `{status, limit, weight held, waiters queued, stamp, expiry, weight
@@ -74,7 +77,8 @@ fits in slots but not in the budgets is not passed; the answer says how long it 
 Commands per call, on the admission path: an admission 4 (TIME, HMGET, ZADD, HSET), a
 release 4, a waiter queued 5, a release that hands its slot on 9. With budgets, an admission
 1 more (HSET of the second's charges), a settlement that refunds 2 (HMGET, HSET), and once a
-second 3 (HMGET, HDEL of the seconds that left the window, PEXPIRE).
+second 3 (HMGET, HDEL of the seconds that left the window, PEXPIRE). In a Redis Cluster,
+every call 1 more (CLUSTER MYID, see `id`).
 """
 
 from __future__ import annotations
@@ -156,7 +160,9 @@ CONFIGURE: Final = _script("configure.lua")
 
 
 # Run on every new connection, before its first command. KEYS: `limit`, `state`; ARGV[1]
-# lease milliseconds. If the limit's state was kept by another Redis than this one (a
+# lease milliseconds, ARGV[2] "c" in a Redis Cluster (the node's id is kept as `id` too, as
+# every script there checks: a connection kept from before its node's promotion runs no
+# check). If the limit's state was kept by another Redis than this one (a
 # replica promoted by a failover, a snapshot restored: its last writes may be missing), hand
 # out nothing for one lease while live processes re-register what they hold. Every process
 # reconnects after a failover, so one of them finds it before any script runs there.

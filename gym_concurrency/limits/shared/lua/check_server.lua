@@ -3,6 +3,7 @@ local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
 if redis.call('EXISTS', KEYS[1]) == 0 then return 2 end
 local kept = redis.call('HGET', KEYS[2], 'run')
 redis.call('HSET', KEYS[2], 'run', run)
+if ARGV[2] == 'c' then redis.call('HSET', KEYS[2], 'id', redis.call('CLUSTER', 'MYID')) end
 if kept and kept ~= run then
   local t = redis.call('TIME')
   local real = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

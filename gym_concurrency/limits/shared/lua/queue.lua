@@ -17,6 +17,23 @@ local function in_grace()
   return S.grace > real
 end
 
+-- In a Redis Cluster, the node that wrote the state last (`id`, CLUSTER MYID): a script on
+-- another node (a replica promoted with its copy: its last writes may be missing) starts
+-- the grace CHECK_SERVER starts for a new connection. A connection does not run that check
+-- again when its node changes role: one made while its node was the slot's primary before
+-- (or a replica: the check answered MOVED) stays in the client's pool, and may be the first
+-- to reach the node once it is promoted.
+if CLUSTER then
+  local me = redis.call('CLUSTER', 'MYID')
+  if S.node ~= me then
+    if S.node ~= '' then
+      start_grace(TTL)
+      S.run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
+    end
+    S.node = me
+  end
+end
+
 -- The counts are gone with the state (lost, or the limit's first call): counted again from
 -- the keys. With the size still known, the state was lost under the limit (an eviction, a
 -- DEL; or written by an older version): a grace period.
@@ -232,7 +249,7 @@ local function answer(status, ...)
   redis.call('HSET', K_STATE, 'v', now, 't', real, 'l', S.limit, 'n', S.held,
     'q', S.queued, 's', S.seq, 'e', S.earliest, 'g', S.grace, 'run', S.run,
     'c', S.leases, 'w', S.queued_weight, 'fw', S.fw, 'fh', S.fh, 'f0', S.t0, 'x', S.chosen,
-    'fn', S.nf, 'b', kept or S.budget or '')
+    'fn', S.nf, 'b', kept or S.budget or '', 'id', S.node)
   local expiry = -1
   if S.leases > 0 then expiry = math.max(0, S.earliest - now) end
   local grace = S.grace - real

@@ -6,19 +6,21 @@ local K_LIMIT, K_QUEUE, K_WEXP, K_LEASES, K_CONFIGURED, K_STATE, K_MEMBERS =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local K_FQ, K_READY, K_FHELD, K_DQ, K_CAPPED = KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local K_BUDGET, K_BGRANT = KEYS[13], KEYS[14]
-local MBOX, TTL, PROC, CONTACTED = ARGV[1], tonumber(ARGV[2]), ARGV[4], ARGV[5] == '1'
+local MBOX, TTL, PROC = ARGV[1], tonumber(ARGV[2]), ARGV[4]
+-- ARGV[5]: "1" if this process saw the state before, else "0"; "c" after it: a Redis Cluster
+local CONTACTED, CLUSTER = string.sub(ARGV[5], 1, 1) == '1', string.sub(ARGV[5], 2) == 'c'
 local t = redis.call('TIME')
 local real = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 -- The state (see the module's docstring), read once.
 local c = redis.call('HMGET', K_STATE, 'v', 't', 'l', 'n', 'q', 's', 'e', 'g', 'run', 'c', 'w',
-  'fw', 'fh', 'f0', 'x', 'fn', 'b')
+  'fw', 'fh', 'f0', 'x', 'fn', 'b', 'id')
 local S = {
   limit = tonumber(c[3]), held = tonumber(c[4]), queued = tonumber(c[5]) or 0,
   seq = tonumber(c[6]) or 0, earliest = tonumber(c[7]) or 0, grace = tonumber(c[8]) or 0,
   run = c[9], leases = tonumber(c[10]) or 0, queued_weight = tonumber(c[11]) or 0,
   fw = tonumber(c[12]) or 0, fh = tonumber(c[13]) or 0, t0 = tonumber(c[14]) or 0,
-  chosen = c[15] or '', nf = tonumber(c[16]) or 0, budget = c[17],
+  chosen = c[15] or '', nf = tonumber(c[16]) or 0, budget = c[17], node = c[18] or '',
 }
 
 -- A lease's (or waiter's) weight rides in its id: `<proc>:<n>` weighs 1, `<proc>:<n>*<w>` w;
