@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol, get_args
+from typing import Any, Protocol, get_args
 
 from ..usage import Usage
 from ._budget_parts import BudgetName, BudgetShape, MeteredBudget, ProviderWord
@@ -53,9 +53,12 @@ __all__ = [
     "BudgetReservation",
     "BudgetShape",
     "BudgetStatistics",
+    "OwnedReservation",
     "RateBudget",
     "RateBudgetStatistics",
     "Reservation",
+    "check_count",
+    "used_per_budget",
 ]
 
 BUDGETS: tuple[BudgetName, ...] = get_args(BudgetName)
@@ -104,12 +107,69 @@ class BudgetReservation(Protocol):
     def cancel(self) -> None: ...
 
 
-class Reservation:
-    """What one admission took from a RateBudget: an estimate on each budget (`requests`: 1)
-    and when. Closed exactly once: `settle`, `charge_in_full` or `cancel` (its own, or its
-    budget's with it: the same). A BudgetReservation."""
+class _Closer(Protocol):
+    """The budget that made a reservation: it closes it (and charges or refunds)."""
 
-    __slots__ = ("_done", "_owner", "at", "epoch", "estimates")
+    def settle(self, reservation: Any, usage: Usage | int) -> None: ...
+    def charge_in_full(self, reservation: Any) -> None: ...
+    def cancel(self, reservation: Any) -> None: ...
+
+
+class OwnedReservation:
+    """An estimate on each budget (`requests`: 1) that the budget which made it closes
+    exactly once: `settle`, `charge_in_full` or `cancel`, its own or its budget's (the same).
+    It keeps whether it is closed; its budget asks it to close with `closed_by`."""
+
+    __slots__ = ("_done", "_owner")
+
+    def __init__(self, owner: _Closer) -> None:
+        self._owner = owner
+        self._done = False
+
+    @property
+    def open(self) -> bool:
+        """Not settled, charged in full nor cancelled yet."""
+        return not self._done
+
+    def closed_by(self, owner: object, maker: str) -> None:
+        """Closed now by `owner` (`maker` names it); ValueError if `owner` did not make it
+        or it was closed already."""
+        if self._owner is not owner:
+            raise ValueError(f"{self!r} was not made by {maker}")
+        if self._done:
+            raise ValueError(f"{self!r} is already closed")
+        self._done = True
+
+    def named(self) -> Iterator[tuple[BudgetName, int]]:
+        """Each budget's name and what this reservation took of it."""
+        raise NotImplementedError
+
+    def estimate(self, budget: BudgetName) -> int:
+        """What this reservation took from `budget` (0: not configured)."""
+        return next((amount for name, amount in self.named() if name == budget), 0)
+
+    def settle(self, usage: Usage | int) -> None:
+        """The budget's `settle(self, usage)`: the call used `usage`; the rest is refunded."""
+        self._owner.settle(self, usage)
+
+    def charge_in_full(self) -> None:
+        """The budget's `charge_in_full(self)`: the call ended without usage."""
+        self._owner.charge_in_full(self)
+
+    def cancel(self) -> None:
+        """The budget's `cancel(self)`: the call was never sent; all of it comes back."""
+        self._owner.cancel(self)
+
+    def __repr__(self) -> str:
+        taken = ", ".join(f"{name}={amount}" for name, amount in self.named())
+        return f"<{type(self).__name__} {taken}{'' if self.open else ' closed'}>"
+
+
+class Reservation(OwnedReservation):
+    """What one admission took from a RateBudget (an OwnedReservation): an estimate on each
+    of its budgets, and when (`at`, on the budget's clock; `epoch`). A BudgetReservation."""
+
+    __slots__ = ("at", "epoch", "estimates")
 
     def __init__(
         self,
@@ -118,36 +178,13 @@ class Reservation:
         at: float,
         epoch: int,
     ) -> None:
-        self._owner = owner
-        self._done = False
+        super().__init__(owner)
         self.estimates = estimates
         self.at = at  # when it was charged, on the budget's clock
         self.epoch = epoch
 
-    @property
-    def open(self) -> bool:
-        """Not settled, charged in full nor cancelled yet."""
-        return not self._done
-
-    def estimate(self, budget: BudgetName) -> int:
-        """What this reservation took from `budget` (0: not configured)."""
-        return next((amount for b, amount in self.estimates if b.name == budget), 0)
-
-    def settle(self, usage: Usage | int) -> None:
-        """`RateBudget.settle(self, usage)`: the call used `usage`; the rest is refunded."""
-        self._owner.settle(self, usage)
-
-    def charge_in_full(self) -> None:
-        """`RateBudget.charge_in_full(self)`: the call ended without usage."""
-        self._owner.charge_in_full(self)
-
-    def cancel(self) -> None:
-        """`RateBudget.cancel(self)`: the call was never sent; all of it comes back."""
-        self._owner.cancel(self)
-
-    def __repr__(self) -> str:
-        taken = ", ".join(f"{b.name}={amount}" for b, amount in self.estimates)
-        return f"<Reservation {taken}{'' if self.open else ' closed'}>"
+    def named(self) -> Iterator[tuple[BudgetName, int]]:
+        return ((budget.name, amount) for budget, amount in self.estimates)
 
 
 class RateBudget:
@@ -250,21 +287,13 @@ class RateBudget:
         """Close `reservation` with what the call used: a `Usage`, or a total of tokens (then
         the input and output budgets keep their estimates). Less than reserved is refunded,
         more charged now (at most one minute's budget: a usage past that is not believed)."""
-        actual: dict[str, int]
-        if isinstance(usage, Usage):
-            actual = {
-                "tokens": usage.total,
-                "input_tokens": usage.input_tokens,
-                "output_tokens": usage.output_tokens,
-            }
-        else:
-            actual = {"tokens": _count("usage", usage)}
+        actual = used_per_budget(usage)
         self._close(reservation, lambda budget, estimate: actual.get(budget.name, estimate))
 
     def charge_in_full(self, reservation: Reservation) -> None:
         """Close `reservation` as a call that ended without usage: its estimates stand (so
         nothing is metered anew: only what is reserved goes down)."""
-        self._closing(reservation)
+        reservation.closed_by(self, "this RateBudget")
         for budget, estimate in reservation.estimates:
             budget.reserved -= estimate
 
@@ -283,7 +312,7 @@ class RateBudget:
         """The provider says `remaining` of `budget` is left until `reset_at` (this budget's
         clock), as observed at `observed_at` (default: now). Ignored for a budget not
         configured, a reset already past, or a reading older than the one in force."""
-        remaining = _count("remaining", remaining)
+        remaining = check_count("remaining", remaining)
         now = self._advance()
         observed = now if observed_at is None else observed_at
         target = self._by_name.get(budget)
@@ -319,14 +348,14 @@ class RateBudget:
     def _asked(
         self, tokens: int, input_tokens: int | None, output_tokens: int | None
     ) -> tuple[tuple[MeteredBudget, int], ...]:
-        tokens = _count("tokens", tokens)
+        tokens = check_count("tokens", tokens)
         if input_tokens is None and output_tokens is None:  # the whole estimate to each
             asked = tuple([(b, 1 if b.name == "requests" else tokens) for b in self._budgets])
         else:
             given = {"input_tokens": input_tokens, "output_tokens": output_tokens}
             split: dict[str, int] = {"tokens": tokens, "requests": 1}
             for name, value in given.items():
-                split[name] = tokens if value is None else _count(name, value)
+                split[name] = tokens if value is None else check_count(name, value)
             asked = tuple([(b, split[b.name]) for b in self._budgets])
         for budget, amount in asked:
             if amount > budget.limit:
@@ -337,15 +366,8 @@ class RateBudget:
                 )
         return asked
 
-    def _closing(self, reservation: Reservation) -> None:
-        if reservation._owner is not self:
-            raise ValueError(f"{reservation!r} was not made by this RateBudget")
-        if reservation._done:
-            raise ValueError(f"{reservation!r} is already closed")
-        reservation._done = True
-
     def _close(self, reservation: Reservation, used: Callable[[MeteredBudget, int], int]) -> None:
-        self._closing(reservation)
+        reservation.closed_by(self, "this RateBudget")
         now = self._advance()
         for budget, estimate in reservation.estimates:
             actual = min(used(budget, estimate), budget.limit)
@@ -366,7 +388,20 @@ def _size(name: BudgetName, size: int) -> int:
     return size
 
 
-def _count(what: str, value: int) -> int:
+def used_per_budget(usage: Usage | int) -> dict[BudgetName, int]:
+    """What a call used of each token budget: a `Usage`'s three counts, or a total of tokens
+    (the input and output budgets then keep their estimates). ValueError for a bad total."""
+    if isinstance(usage, Usage):
+        return {
+            "tokens": usage.total,
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+        }
+    return {"tokens": check_count("usage", usage)}
+
+
+def check_count(what: str, value: int) -> int:
+    """`value` if it is an int >= 0, else ValueError naming `what`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{what} must be an int >= 0, not {value!r}")
     return value

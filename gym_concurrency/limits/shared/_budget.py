@@ -21,11 +21,20 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from ...usage import Usage
-from ..rate_budget import BUDGETS, BudgetName, BudgetStatistics, RateBudget, RateBudgetStatistics
+from ..rate_budget import (
+    BUDGETS,
+    BudgetName,
+    BudgetStatistics,
+    OwnedReservation,
+    RateBudget,
+    RateBudgetStatistics,
+    check_count,
+    used_per_budget,
+)
 from ._replies import BudgetReading
 
 __all__ = ["CODES", "SharedBudget", "SharedReservation"]
@@ -37,46 +46,22 @@ _TOKEN_BUDGETS: Final = ("tokens", "input_tokens", "output_tokens")
 _SIGHTINGS: Final = 64  # estimates whose wait is kept (estimates vary with each request)
 
 
-class SharedReservation:
-    """What one admission of a budgeted shared limit took: an estimate on each budget
-    (`requests`: 1), charged in Redis second `ref` (or, `g<id>`, the second its grant
-    recorded). Closed exactly once: `settle`, `charge_in_full` or `cancel` (its own, or its
-    budget's with it: the same). A BudgetReservation."""
+class SharedReservation(OwnedReservation):
+    """What one admission of a budgeted shared limit took (an OwnedReservation): an
+    estimate on each budget, charged in Redis second `ref` (or, `g<id>`, the second its
+    grant recorded). A BudgetReservation."""
 
-    __slots__ = ("_done", "_owner", "estimates", "ref")
+    __slots__ = ("estimates", "ref")
 
     def __init__(
         self, owner: SharedBudget, estimates: tuple[tuple[BudgetName, int], ...], ref: str
     ) -> None:
-        self._owner = owner
-        self._done = False
+        super().__init__(owner)
         self.estimates = estimates
         self.ref = ref
 
-    @property
-    def open(self) -> bool:
-        """Not settled, charged in full nor cancelled yet."""
-        return not self._done
-
-    def estimate(self, budget: BudgetName) -> int:
-        """What this reservation took from `budget` (0: not configured)."""
-        return next((amount for name, amount in self.estimates if name == budget), 0)
-
-    def settle(self, usage: Usage | int) -> None:
-        """`SharedBudget.settle(self, usage)`: the call used `usage`; the rest is refunded."""
-        self._owner.settle(self, usage)
-
-    def charge_in_full(self) -> None:
-        """`SharedBudget.charge_in_full(self)`: the call ended without usage."""
-        self._owner.charge_in_full(self)
-
-    def cancel(self) -> None:
-        """`SharedBudget.cancel(self)`: the call was never sent; all of it comes back."""
-        self._owner.cancel(self)
-
-    def __repr__(self) -> str:
-        taken = ", ".join(f"{name}={amount}" for name, amount in self.estimates)
-        return f"<SharedReservation {taken}{'' if self.open else ' closed'}>"
+    def named(self) -> Iterator[tuple[BudgetName, int]]:
+        return iter(self.estimates)
 
 
 class SharedBudget:
@@ -223,15 +208,7 @@ class SharedBudget:
         """Close `reservation` with what the call used (a `Usage`, or a total of tokens: the
         input and output budgets then keep their estimates): less than reserved is refunded
         to the second charged, more charged now (at most one minute's budget)."""
-        actual: dict[str, int]
-        if isinstance(usage, Usage):
-            actual = {
-                "tokens": usage.total,
-                "input_tokens": usage.input_tokens,
-                "output_tokens": usage.output_tokens,
-            }
-        else:
-            actual = {"tokens": _count("usage", usage)}
+        actual = used_per_budget(usage)
         self._close(reservation, lambda name, estimate: actual.get(name, estimate))
 
     def charge_in_full(self, reservation: SharedReservation) -> None:
@@ -245,11 +222,7 @@ class SharedBudget:
     def _close(
         self, reservation: SharedReservation, used: Callable[[BudgetName, int], int]
     ) -> None:
-        if reservation._owner is not self:
-            raise ValueError(f"{reservation!r} was not made by this limit's budget")
-        if reservation._done:
-            raise ValueError(f"{reservation!r} is already closed")
-        reservation._done = True
+        reservation.closed_by(self, "this limit's budget")
         deltas = dict.fromkeys(BUDGETS, 0)
         for name, estimate in reservation.estimates:
             spent = min(used(name, estimate), self.limits[name])
@@ -272,7 +245,7 @@ class SharedBudget:
         the event loop's clock), as observed at `observed_at` (default: now): shared with
         every process, the freshest reading (by when it was observed) winning. Ignored for a
         budget not configured or a reset already past."""
-        remaining = _count("remaining", remaining)
+        remaining = check_count("remaining", remaining)
         now = time.monotonic()
         observed = now if observed_at is None else observed_at
         if budget not in self.limits or not (math.isfinite(reset_at) and reset_at > now):
@@ -304,9 +277,3 @@ class SharedBudget:
             for name, size in self.limits.items()
         }
         return RateBudgetStatistics(**found)
-
-
-def _count(what: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{what} must be an int >= 0, not {value!r}")
-    return value
