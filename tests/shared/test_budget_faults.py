@@ -189,7 +189,7 @@ async def _admitted_with_100(
 ) -> tuple[SharedLimit, SharedReservation]:
     """A limit on an aged Redis, admitted with a reservation of 100 tokens, settled."""
     await until_aged(own_redis)
-    limit = on_own(4, budget=tpm(1000), lease_seconds=6, redis_timeout=0.3)
+    limit = on_own(4, budget=tpm(1000), lease_seconds=6, redis_timeout=1.0)
     waiter = limit.enqueue(tokens=100)
     assert await waiter == "admitted"
     reservation = limit.settle(waiter)

@@ -430,11 +430,11 @@ async def test_the_observer_reports_a_global_limit_with_its_scope_and_no_redis_c
         limit_name=key,
         key=key,  # shared with `other` (by default the key is component/limit_name)
         max_queue=5,
-        lease_seconds=1.5,
-        redis_timeout=0.3,
+        lease_seconds=6.0,  # generous: a loaded CI machine must not time a script call out
+        redis_timeout=3.0,
     )
     other = SharedLimit(
-        4, redis_url=redis_server.url, key=key, lease_seconds=1.5, redis_timeout=0.3
+        4, redis_url=redis_server.url, key=key, lease_seconds=6.0, redis_timeout=3.0
     )
     local = MeteredSemaphore(2, component="obs_shared", limit_name="local", max_queue=1)
     try:
@@ -480,7 +480,8 @@ async def test_the_observer_reports_a_global_limit_with_its_scope_and_no_redis_c
             assert found[instrument][global_attrs] == 0
             assert local_attrs not in found[instrument]
         units = {
-            metric.name: (metric.unit, metric.data.is_monotonic)
+            # Only counters carry is_monotonic; a gauge (a budget's, an earlier test's) has none.
+            metric.name: (metric.unit, getattr(metric.data, "is_monotonic", None))
             for resource in metrics.reader.get_metrics_data().resource_metrics
             for scope in resource.scope_metrics
             for metric in scope.metrics
