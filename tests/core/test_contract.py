@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from opentelemetry import metrics as otel_metrics
-from opentelemetry.sdk.metrics._internal.point import Histogram, Sum
+from opentelemetry.sdk.metrics._internal.point import Gauge, Histogram, Sum
 
 import gym_concurrency as gc_
 from gym_concurrency import MeteredSemaphore, QueueFullError, observe_concurrency
@@ -42,12 +42,23 @@ OTHER_KINDS = {
     gc_.names.FLOW_HELD_INSTRUMENT: ("{weight}", "up-down counter"),
     gc_.names.FLOW_QUEUE_DEPTH_INSTRUMENT: ("{request}", "up-down counter"),
     gc_.names.FLOW_QUEUED_WEIGHT_INSTRUMENT: ("{weight}", "up-down counter"),
+    # An earlier test's limit with a budget or an engine signal, still alive, adds these.
+    gc_.names.BUDGET_LIMIT_INSTRUMENT: (gc_.names.BUDGET_UNIT, "up-down counter"),
+    gc_.names.BUDGET_REMAINING_INSTRUMENT: (gc_.names.BUDGET_UNIT, "up-down counter"),
+    gc_.names.BUDGET_RESERVED_INSTRUMENT: (gc_.names.BUDGET_UNIT, "up-down counter"),
+    gc_.names.BUDGET_REFUNDED_INSTRUMENT: (gc_.names.BUDGET_UNIT, "counter"),
+    gc_.names.UPSTREAM_REPORTED_REMAINING_INSTRUMENT: (gc_.names.BUDGET_UNIT, "up-down counter"),
+    gc_.names.ENGINE_WAITING_INSTRUMENT: (gc_.names.REQUEST_UNIT, "gauge"),
+    gc_.names.ENGINE_CACHE_USAGE_INSTRUMENT: (gc_.names.RATIO_UNIT, "gauge"),
+    gc_.names.ENGINE_SIGNAL_AGE_INSTRUMENT: (gc_.names.SECONDS_UNIT, "gauge"),
 }
 
 
 def kind_of(data: Any) -> str:
     if isinstance(data, Histogram):
         return "histogram"
+    if isinstance(data, Gauge):
+        return "gauge"
     assert isinstance(data, Sum), f"unexpected point type {type(data).__name__}"
     return "counter" if data.is_monotonic else "up-down counter"
 
