@@ -16,6 +16,10 @@ common moment, through one configured client limit (`ClientLimit`, httpx transpo
               engine's /metrics: waiting_max = --engine-waiting-max (default 6 // processes,
               so the sum <= 6), batch_size = --engine-batch-size (64), interval
               --engine-interval s (0.05), stale after --engine-stale-after s (3 intervals)
+    engine-global  one global limit (scope global, on a redis-server of this run, CPU 0)
+              following the engine for all the processes: waiting_max =
+              --engine-global-waiting-max (6) for the fleet, the rest as `engine`; the size
+              moves with the engine's room (docs/engine-signals.md, "Across replicas")
 
 This run also scrapes /metrics every --scrape-ms itself, so that the baselines have scrapes
 too. Reported per configuration (over `--rounds`, order rotating, a fresh engine a cell): the
@@ -65,10 +69,11 @@ from benchmarks._goal_parts import (
     wiring_error,
 )
 from benchmarks._results import RunStart, run_header, with_outcome, write_and_print
+from benchmarks._shared_cost_redis import LocalRedis
 from benchmarks._source import PROJECT_ROOT, use_source_tree
 from benchmarks.overload import load_average, wait_until_quiet
 
-CONFIGS = ("fixed", "aimd", "gradient", "engine")
+CONFIGS = ("fixed", "aimd", "gradient", "engine", "engine-global")
 GOALS = {"engine_max_waiting_at_scrape": 6, "engine_batch_utilisation": 0.95}
 SETTINGS = (  # the options the JSON records
     "rounds",
@@ -82,14 +87,18 @@ SETTINGS = (  # the options the JSON records
     "engine_interval",
     "engine_stale_after",
     "engine_slots",
+    "engine_global_waiting_max",
     "scrape_ms",
     "warm",
 )
 
 
-def settings_for(config: str, args: argparse.Namespace, engine_url: str) -> dict[str, Any]:
+def settings_for(
+    config: str, args: argparse.Namespace, engine_url: str, redis_url: str | None = None
+) -> dict[str, Any]:
     """The ConcurrencySettings (as JSON data) one client process of `config` runs with."""
     client: dict[str, Any] = {"limit_name": "upstream", "retry": None}
+    settings: dict[str, Any] = {"component": "engine_goal", "clients": [client]}
     if config == "fixed":
         client["max_concurrent"] = max(1, args.batch // args.processes)
     elif config in ("aimd", "gradient"):
@@ -108,7 +117,12 @@ def settings_for(config: str, args: argparse.Namespace, engine_url: str) -> dict
             "interval_seconds": args.engine_interval,
             "stale_after_seconds": args.engine_stale_after,
         }
-    return {"component": "engine_goal", "clients": [client]}
+        if config == "engine-global":
+            client["engine"]["waiting_max"] = args.engine_global_waiting_max
+            client["max_concurrent"] = (args.engine_slots or args.batch) * args.processes
+            client["scope"] = "global"
+            settings["redis_url"] = redis_url
+    return settings
 
 
 class Scraper:
@@ -136,13 +150,16 @@ class Scraper:
 def cell(args: argparse.Namespace, config: str) -> dict[str, Any]:
     served = ["--batch", str(args.batch), "--service-ms", str(args.service_ms)]
     engine = FakeUpstream(args.python, "benchmarks._fake_engine", served)
+    redis = LocalRedis("0") if config == "engine-global" else None
     scraper = None
     try:
-        settings = json.dumps(settings_for(config, args, engine.url))
+        redis_url = None if redis is None else redis.url
+        settings = json.dumps(settings_for(config, args, engine.url, redis_url))
         share, extra = divmod(args.requests, args.processes)
         common = ["--url", engine.url, "--settings", settings]
         common += ["--timeout", str(args.timeout), "--warm", str(args.warm)]
-        common += ["--source", args.source, "--expect", "engine" if config == "engine" else ""]
+        expect = "engine" if config.startswith("engine") else ""
+        common += ["--source", args.source, "--expect", expect]
         argv = [[*common, "--requests", str(share + (i < extra))] for i in range(args.processes)]
         processes = start_clients(args.python, "benchmarks._engine_client", argv)
         release(processes, STARTUP_S)
@@ -154,6 +171,8 @@ def cell(args: argparse.Namespace, config: str) -> dict[str, Any]:
         if scraper is not None:
             scraper.stop()
         engine.stop()
+        if redis is not None:
+            redis.stop()
 
 
 def measure(config: str, clients: list[dict[str, Any]], stats: dict[str, Any]) -> dict[str, Any]:
@@ -197,14 +216,16 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def verdicts(summary: dict[str, Any]) -> dict[str, bool]:
-    row = summary.get("engine")
-    if not row:
-        return {}
-    waiting = row["max_waiting_at_scrape"]
-    return {
-        "engine_waiting<=6_at_every_scrape": waiting is not None and waiting <= 6,
-        "engine_utilisation>=0.95": row["utilisation"] >= GOALS["engine_batch_utilisation"],
-    }
+    out: dict[str, bool] = {}
+    for name in ("engine", "engine-global"):
+        row = summary.get(name)
+        if not row:
+            continue
+        waiting = row["max_waiting_at_scrape"]
+        goal = GOALS["engine_batch_utilisation"]
+        out[f"{name}_waiting<=6_at_every_scrape"] = waiting is not None and waiting <= 6
+        out[f"{name}_utilisation>=0.95"] = row["utilisation"] >= goal
+    return out
 
 
 def table(summary: dict[str, Any]) -> str:
@@ -239,6 +260,7 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--engine-interval", type=float, default=0.05, help="s")
     parser.add_argument("--engine-stale-after", type=float, default=None, help="s (3 intervals)")
     parser.add_argument("--engine-slots", type=int, default=None, help="a process (batch)")
+    parser.add_argument("--engine-global-waiting-max", type=int, default=6, help="the fleet's")
     parser.add_argument("--scrape-ms", type=float, default=50.0, help="this run's own scrapes")
     parser.add_argument("--timeout", type=float, default=120.0, help="s, a burst at most")
     parser.add_argument("--warm", type=int, default=0, help="connections a process opens first")
@@ -266,7 +288,7 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
 def main() -> None:
     args, configs = parse()
     args.source = str(use_source_tree(args.source))  # the probe below reads that tree too
-    if "engine" in configs and (missing := missing_wiring(("engine",))):
+    if {"engine", "engine-global"} & set(configs) and (missing := missing_wiring(("engine",))):
         sys.exit(wiring_error("engine", missing))
     start = RunStart()
     cells: list[dict[str, Any]] = []
@@ -276,7 +298,7 @@ def main() -> None:
         one.update(round=index, load=load_average(), busy_cores_before=busy)
         cells.append(one)
         print(
-            f"round {index + 1} {name:9s} waiting at a scrape <= "
+            f"round {index + 1} {name:13s} waiting at a scrape <= "
             f"{one['max_waiting_at_scrape']} (any moment {one['max_waiting']})  "
             f"utilisation {one['utilisation']:.3f}  burst {one['duration_s']:.2f} s  "
             f"p95 {one['p95_s']:.2f} s  failed {one['failed']}  late {one['late_s']:.2f} s",

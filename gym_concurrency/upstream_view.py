@@ -75,7 +75,7 @@ def upstream_statistics(
     """`limit`'s budget and engine signal now, in plain numbers (None for a part it has not):
     safe from an exporter's thread, no Redis call."""
     if isinstance(limit, SharedLimit):
-        return limit.budget_statistics(), None
+        return limit.budget_statistics(), limit.engine_statistics()
     if isinstance(limit, MeteredSemaphore) and limit.upstream is not None:
         return limit.upstream.statistics()
     return None, None

@@ -28,7 +28,7 @@ from ..safe_urls import safe_url
 from .fetch import Fetch
 from .gauges import EngineLoad, EngineMetrics, read_load
 
-__all__ = ["EnginePoller", "PollerConfig", "Reading", "follow", "unfollow"]
+__all__ = ["EnginePoller", "PollerConfig", "Reading", "end_if_cancelled", "follow", "unfollow"]
 
 _log = logging.getLogger("gym_concurrency.engines")
 
@@ -131,6 +131,7 @@ class EnginePoller:
         while True:
             sent = loop.time()
             await self._scrape(sent)
+            end_if_cancelled()
             self._notify()
             await asyncio.sleep(max(0.0, sent + interval - loop.time()))
 
@@ -197,6 +198,15 @@ class EnginePoller:
         except Exception:  # one follower's bug must not stop the others or the poller
             _log.exception("engine %s: a listener failed", safe_url(self.url))
         return True
+
+
+def end_if_cancelled() -> None:
+    """Raise CancelledError if this task is being cancelled: a timeout inside the scrape or
+    turn may have turned the cancellation into its own TimeoutError (seen on Python 3.11); a
+    poll must still end when it is stopped."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _reference(listener: Listener) -> Callable[[], Listener | None]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from .exposition import DEFAULT_MAX_BYTES
 from .fetch import Fetch, check_metrics_url, fetch_metrics
-from .gauges import EngineMetrics, engine_metrics
+from .gauges import EngineLoad, EngineMetrics, engine_metrics
 from .poller import EnginePoller, Listener, PollerConfig, Reading, follow, unfollow
 
 __all__ = ["EngineSignal", "EngineStatistics"]
@@ -119,32 +119,54 @@ class EngineSignal:
         if reading is None or not self._fresh(reading, now):
             self._poller.ensure_running()
             return in_flight < self._floor
-        load = reading.load
+        cap = self.in_flight_cap
+        if cap is not None and in_flight >= cap:
+            return False  # the caller's own calls would fill the batch and the queue
+        return self._poller.admitted_since_scrape < self.room(reading.load)
+
+    def room(self, load: EngineLoad) -> int:
+        """How many calls the engine has room for beyond the load a scrape read: none while
+        its cache is at `cache_max`; else the free batch slots (with `batch_size`, when
+        nothing waits) and `waiting_max` less the waiting queue."""
         cache = load.cache_usage
         if self._cache_max is not None and (cache is None or cache >= self._cache_max):
-            return False
+            return 0
         waiting = load.waiting or 0.0
-        beyond: float = self._poller.admitted_since_scrape
-        if self._batch_size is not None:
-            if in_flight >= self._batch_size + self._waiting_max:
-                return False  # the caller's own calls would fill the batch and the queue
-            if waiting == 0:  # the free batch slots fill first (none while requests wait)
-                beyond -= max(0.0, self._batch_size - (load.running or 0.0))
-        return waiting + max(0.0, beyond) < self._waiting_max
+        free = 0.0
+        if self._batch_size is not None and waiting == 0:  # (none while requests wait)
+            free = max(0.0, self._batch_size - (load.running or 0.0))
+        return max(0, math.ceil(free + self._waiting_max - waiting))
+
+    @property
+    def in_flight_cap(self) -> int | None:
+        """The most calls a caller has in flight to the engine whatever a scrape says
+        (`batch_size + waiting_max`; None without `batch_size`)."""
+        return None if self._batch_size is None else self._batch_size + self._waiting_max
 
     def admitted(self, n: int = 1) -> None:
         """Count `n` admissions made to the engine (every follower of the URL sees them)."""
         self._poller.admitted(n)
 
     def _fresh(self, reading: Reading, now: float) -> bool:
-        load = reading.load
-        return (
-            now - reading.at <= self._stale_after
-            and (self._cache_max is None or load.cache_usage is not None)
-            and (self._batch_size is None or load.running is not None)
-        )
+        return now - reading.at <= self._stale_after and self.usable(reading.load)
 
     # --- state -----------------------------------------------------------------------
+
+    @property
+    def config(self) -> PollerConfig:
+        """How the engine is scraped (the metrics, interval, timeout, body cap, fetch)."""
+        return self._poller.config
+
+    @property
+    def stale_after_seconds(self) -> float:
+        """Age past which a reading is not used (admission falls back to the floor)."""
+        return self._stale_after
+
+    def usable(self, load: EngineLoad) -> bool:
+        """Whether `load` has every gauge the signal reads (else it counts as stale)."""
+        return (self._cache_max is None or load.cache_usage is not None) and (
+            self._batch_size is None or load.running is not None
+        )
 
     @property
     def floor(self) -> int:

@@ -430,10 +430,10 @@ def _check_global_limits(settings: ConcurrencySettings) -> None:
                 f"{kind}.{index}.backfill_seconds: backfill is a process limit's; a global "
                 "limit's oldest waiter is never passed"
             )
-        if limit.engine is not None:
+        if limit.engine is not None and getattr(limit, "weight", 1) != 1:
             raise ValueError(
-                f"{kind}.{index}.engine: an engine signal is followed by a process limit; a "
-                "global limit cannot count admissions since a scrape across processes yet"
+                f"{kind}.{index}.weight: a global limit that follows an engine counts calls "
+                "to it (its size moves with the engine's room): give its calls weight 1"
             )
         if limit.budget_shape != "sliding":
             raise ValueError(

@@ -66,11 +66,11 @@ def test_the_route_estimate_takes_the_weight_forms() -> None:
 @pytest.mark.parametrize(
     ("upstream", "named"),
     [
-        ({"engine": ENGINE}, "routes.0.engine: an engine signal is followed by a process limit"),
+        ({"engine": ENGINE, "weight": 2}, "routes.0.weight: a global limit that follows an "),
         ({"tokens_per_minute": 10, "budget_shape": "bucket"}, "routes.0.budget_shape"),
     ],
 )
-def test_a_global_limit_takes_no_engine_signal_nor_bucket(
+def test_a_global_limit_takes_no_weighed_engine_calls_nor_bucket(
     upstream: dict[str, Any], named: str
 ) -> None:
     route = RouteLimit(**ROUTE, scope="global", **upstream)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Final
 
 from ...usage import Usage
+from ..limit import UpstreamCapacityError
 from ..rate_budget import (
     BUDGETS,
     BudgetName,
@@ -151,6 +152,18 @@ class SharedBudget:
         if len(kept) >= _SIGHTINGS:
             del kept[next(iter(kept))]
         kept[estimate] = now + wait_ms / 1000
+
+    def refusal(self, describe: str, tokens: int) -> UpstreamCapacityError:
+        """The error of a call of `tokens` the budgets did not hold within its wait: when they
+        hold it is as last seen (what Redis said of its estimate, and of the waiter chosen
+        next)."""
+        wait = self.wait(tokens)
+        when = "not known yet" if wait is None else f"in {wait:.3f} s"
+        message = (
+            f"{describe}: the rate budget could not hold {tokens} tokens within the wait "
+            f"allowed (it holds them {when})"
+        )
+        return UpstreamCapacityError(message, "budget", wait)
 
     def wait(self, tokens: int) -> float | None:
         """Seconds until the budgets would hold an estimate of `tokens` (capped as admission

@@ -108,3 +108,11 @@ def check_timing(lease_seconds: float, redis_timeout: float) -> None:
             f"SharedLimit redis_timeout must be less than lease_seconds, got "
             f"redis_timeout={redis_timeout} with lease_seconds={lease_seconds}"
         )
+
+
+def check_engine(engine: object) -> None:
+    """TypeError unless `engine` is None or an EngineSignal."""
+    from ...engines.signal import EngineSignal
+
+    if engine is not None and not isinstance(engine, EngineSignal):
+        raise TypeError(f"SharedLimit engine must be an EngineSignal, got {engine!r}")

@@ -8,8 +8,9 @@ from collections.abc import Callable
 
 from ..limit import Admission
 from ..local import MeteredSemaphore
+from ._checks import RedisUnavailable
 
-__all__ = ["Fallback"]
+__all__ = ["Fallback", "fallback_note"]
 
 
 class Fallback:
@@ -61,3 +62,15 @@ class Fallback:
     def release(self, weight: int) -> None:
         """Give back `weight` taken through the fallback."""
         self._semaphore.release(self._weight(weight))
+
+
+def fallback_note(mode: RedisUnavailable, fallback_slots: int | None) -> str:
+    """What admissions do while Redis is away, as the warning of an outage says it."""
+    if fallback_slots is not None:
+        return "admitted through the fallback"
+    if mode == "local":
+        return (
+            "refused, not admitted through the local fallback (a limit with a rate budget "
+            "keeps it only in Redis: no process alone knows what the others spent)"
+        )
+    return "refused"

@@ -57,30 +57,33 @@ class ScriptLane:
         self._no_script, self._answered = exceptions.NoScriptError, exceptions.ResponseError
         self._unsent = unsent
 
-    async def call(self, name: str, args: list[Any]) -> Any:
-        """Run script `name` with `args`; its raw reply."""
+    async def call(self, name: str, args: list[Any], keys: list[str] | None = None) -> Any:
+        """Run script `name` with `args` (and `keys`, for a script beside the limit's state:
+        the same for every call of `name`; `unsent` is told only of the limit's own); its
+        raw reply."""
         if self._pool is None:
-            return await self._usual(name, args)
+            return await self._usual(name, args, keys)
         try:
             if self._broken:
                 await self._give_back_broken()
             connection = await self._connection()
         except BaseException:  # nothing of the call was written, whatever ended it
-            if self._unsent is not None:
+            if self._unsent is not None and keys is None:
                 self._unsent(args)
             raise
         try:
-            await connection.send_packed_command(self._packed(name, args), check_health=False)
+            packed = self._packed(name, args, self._keys if keys is None else keys)
+            await connection.send_packed_command(packed, check_health=False)
             reply = await connection.read_response()
         except self._no_script:
             self._free.append(connection)  # (a whole reply was read: it can be used again)
-            return await self._usual(name, args)
+            return await self._usual(name, args, keys)
         except self._answered:
             self._free.append(connection)
             raise
         except Exception:  # lost, or its transport closed under it: a fresh connection's turn
             self._broken.append(connection)
-            return await self._usual(name, args)
+            return await self._usual(name, args, keys)
         except BaseException:  # cancelled (a timeout) mid-call: its reply may still come
             self._broken.append(connection)
             raise
@@ -110,13 +113,13 @@ class ScriptLane:
             self._broken.append(connection)
         return None
 
-    async def _usual(self, name: str, args: list[Any]) -> Any:
-        return await self._scripts[name](keys=self._keys, args=args)
+    async def _usual(self, name: str, args: list[Any], keys: list[str] | None) -> Any:
+        return await self._scripts[name](keys=self._keys if keys is None else keys, args=args)
 
-    def _packed(self, name: str, args: list[Any]) -> bytes:
+    def _packed(self, name: str, args: list[Any], keys: list[str]) -> bytes:
         head = self._heads.get(name)
         if head is None:
-            words = ("EVALSHA", self._scripts[name].sha, len(self._keys), *self._keys)
+            words = ("EVALSHA", self._scripts[name].sha, len(keys), *keys)
             head = self._heads[name] = (len(words), b"".join(map(_bulk, words)))
         count, packed = head
         return b"*%d\r\n%s%s" % (count + len(args), packed, b"".join(map(_bulk, args)))

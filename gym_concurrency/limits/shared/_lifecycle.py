@@ -1,7 +1,7 @@
 """A shared limit's life in one process: the event loop (and process) it runs on, started on
 first use (again in a forked child or on a new loop), its mailbox task, `connect()` and
 `close()`. It owns the loop, the process id, the tasks and the heartbeat; the other parts it
-starts are the limit's (`_store`, `_state`, `_sync`)."""
+starts are the limit's (`_store`, `_state`, `_sync`, the engine it follows)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Final
 
 from ..limit import LimitConfigurationError
+from ._engine import FleetEngine
 from ._loops import Heartbeat, mailbox
 from ._process_state import ProcessState
 from ._store import RedisStore
@@ -31,8 +32,10 @@ class Lifecycle:
         *,
         lease_seconds: float,
         describe: Callable[[], str],
+        engine: FleetEngine | None = None,
     ) -> None:
         self._store = store
+        self._engine = engine  # its turns run as a task of the limit's loop
         self._state = state
         self._sync = state.sync
         self.heartbeat = self._heartbeat = Heartbeat(
@@ -70,6 +73,8 @@ class Lifecycle:
                 name=f"{describe} mailbox",
             ),
         ]
+        if self._engine is not None:
+            self.tasks.append(loop.create_task(self._engine.follow(), name=f"{describe} engine"))
 
     async def connect(self) -> bool:
         """Start (if not yet) and set the configured size; True if Redis answered. Raises

@@ -76,6 +76,7 @@ class RedisStore:
         budget: SharedBudget | None = None,
     ) -> None:
         self.keys = [base_key + name for name in scripts.KEY_NAMES]
+        self.engine_keys = [base_key + name for name in scripts.ENGINE_KEY_NAMES]
         self.budget = budget  # the rate budgets kept in Redis, with their figures as last seen
         self.mailbox_prefix = base_key + "mbox:"
         self.lease_ms = max(1, round(lease_seconds * 1000))
@@ -209,6 +210,19 @@ class RedisStore:
         """The next lease granted to this process's mailbox `box`, waiting at most a re-check."""
         item = await self._mailbox_client.blpop([box], timeout=RECHECK_SECONDS)
         return None if item is None else str(item[1])
+
+    async def beside(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        """Run `script` of a part kept beside the limit's state (the engine's, on keys of its
+        own) on the admissions' pool within redis_timeout: its raw reply. Raises as Redis and
+        the client do; changes nothing this store knows."""
+        assert self._lane is not None, "start() makes the lane"
+        try:
+            async with asyncio.timeout(self._redis_timeout):
+                return await self._lane.call(script, args, keys)
+        except self.failures:
+            raise
+        except Exception as error:
+            raise _client_failed(error) from error
 
     def _args(self, args: list[Any]) -> list[Any]:
         contacted = "1" if self._contacted else "0"  # (a missing limit then means it was lost)
@@ -399,4 +413,6 @@ def _register(client: Any) -> dict[str, Any]:
         "leave": client.register_script(scripts.LEAVE),
         "sync": client.register_script(scripts.SYNC),
         "configure": client.register_script(scripts.CONFIGURE),
+        "engine_turn": client.register_script(scripts.ENGINE_TURN),
+        "engine_reading": client.register_script(scripts.ENGINE_READING),
     }

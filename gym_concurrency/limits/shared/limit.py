@@ -17,6 +17,7 @@ import asyncio
 import functools
 from collections.abc import Callable, Hashable
 
+from ...engines.signal import EngineSignal, EngineStatistics
 from .._base import LimitBase, check_count
 from ..admission_counts import AdmissionCounts
 from ..asks import check_tokens
@@ -30,12 +31,15 @@ from ._budget import SharedBudget, SharedReservation
 from ._checks import (
     RedisUnavailable,
     check_ask,
+    check_engine,
     check_key,
     check_mode,
     check_name,
     check_timing,
     check_url,
 )
+from ._engine import FleetEngine
+from ._fallback import fallback_note
 from ._lifecycle import Lifecycle
 from ._process_state import ProcessState
 from ._store import RedisStore
@@ -66,7 +70,10 @@ class SharedLimit(LimitBase):
     `shared_budget`) adds rate budgets shared by every process: an admission takes its slot
     and its estimate together or neither, in the same script call; `settle()` hands the
     waiter its SharedReservation, closed as a RateBudget's Reservation is (see `_budget` and
-    docs/rate-budgets.md).
+    docs/rate-budgets.md). `engine` (an EngineSignal) sizes the limit for every process from
+    the engine's /metrics, scraped by one of them at a time: `value` is then the most it
+    grows to, and the floor its size until a reading lands and once one is stale (see
+    `_engine` and docs/engine-signals.md, "Across replicas").
 
     Processes share a limit by its key: `key` if given, else `component/server/limit_name`
     (those given), under `key_prefix`. `connect()` raises LimitConfigurationError for a
@@ -76,7 +83,7 @@ class SharedLimit(LimitBase):
     Its parts: `_store` (Redis, the global state as last seen), `_state` (this process's
     slots, waiters, fallback; it counts how waits end in `_counts`), `_sync` (`_state`'s
     link to Redis), `_heartbeat` (renewals, a thread), `_life` (its loop, tasks, connect and
-    close), `_shared_budget` (the rate budgets kept in Redis, or None)."""
+    close), `_shared_budget` (the rate budgets kept in Redis, or None), `_engine` (or None)."""
 
     _scope = "global"
     _label = "shared limit"
@@ -100,60 +107,55 @@ class SharedLimit(LimitBase):
         max_connections: int = 64,
         on_lease_lost: LeaseLostHook | None = None,
         budget: RateBudget | None = None,
+        engine: EngineSignal | None = None,
     ) -> None:
         owner = type(self).__name__
         check_count(owner, "value", value)
         counts = AdmissionCounts()  # counted by `_state`, where waits end (cancels: here)
-        super().__init__(
-            component=component,
-            limit_name=limit_name,
-            server=server,
-            timeout=timeout,
-            max_queue=max_queue,
-            counts=counts,
-        )
-        shared_key = check_key(key, component, server, limit_name)
+        super().__init__(component=component, limit_name=limit_name, server=server,
+                         timeout=timeout, max_queue=max_queue, counts=counts)  # fmt: skip
+        self._key = check_key(key, component, server, limit_name)
+        check_engine(engine)
         check_url(redis_url)
         check_name("key_prefix", key_prefix)
         check_timing(lease_seconds, redis_timeout)
         check_mode(redis_unavailable, local_max_concurrent)
         check_count(owner, "max_connections", max_connections, minimum=1)
-        self._key = shared_key
         self._lease_seconds = float(lease_seconds)
         self._mode: RedisUnavailable = redis_unavailable
         self._local_max = local_max_concurrent
         # A rate budget is kept only in Redis: no process alone knows what the others spent,
         # so a limit with one has no fallback to admit through ("local" refuses too).
         fallback_slots = local_max_concurrent if budget is None else None
-        fallback = _fallback_note(redis_unavailable, fallback_slots)
         self._rate_budget = budget  # its sizes; its state is `_shared_budget`'s, in Redis
         self._shared_budget: SharedBudget | None = None
         if budget is not None:
             self._shared_budget = SharedBudget(budget, wake=lambda: self._sync.flush())
         self._store = RedisStore(
             redis_url=redis_url,
-            base_key=f"{key_prefix}:{{{shared_key}}}:",
+            base_key=f"{key_prefix}:{{{self._key}}}:",
             lease_seconds=self._lease_seconds,
             redis_timeout=float(redis_timeout),
             max_connections=max_connections,
-            limit=value,
-            fallback_note=fallback,
+            limit=value if engine is None else min(value, engine.floor),  # the floor till read
+            fallback_note=fallback_note(redis_unavailable, fallback_slots),
             describe=self._describe(),
             budget=self._shared_budget,
         )
         self._state = ProcessState(
-            self._store,
-            counts,
-            fallback_slots=fallback_slots,
-            max_queue=max_queue,
-            lease_seconds=self._lease_seconds,
+            self._store, counts, fallback_slots=fallback_slots, max_queue=max_queue,
+            lease_seconds=self._lease_seconds, describe=self._describe(),
             on_lease_lost=None if on_lease_lost is None else functools.partial(on_lease_lost, self),
-            describe=self._describe(),
-        )
+        )  # fmt: skip
         self._sync = self._state.sync
+        self._engine = None if engine is None else FleetEngine(
+            engine, ceiling=value, store=self._store, resize=self._set_size,
+            describe=self._describe(),
+        )  # fmt: skip
         self._life = Lifecycle(
-            self._store, self._state, lease_seconds=self._lease_seconds, describe=self._describe
-        )
+            self._store, self._state, lease_seconds=self._lease_seconds,
+            describe=self._describe, engine=self._engine,
+        )  # fmt: skip
         self._heartbeat = self._life.heartbeat
         self._register()
 
@@ -263,6 +265,15 @@ class SharedLimit(LimitBase):
         return None if self._shared_budget is None else self._shared_budget.statistics()
 
     @property
+    def engine(self) -> EngineSignal | None:
+        """The engine signal that sizes this limit for every process, or None."""
+        return None if self._engine is None else self._engine.signal
+
+    def engine_statistics(self) -> EngineStatistics | None:
+        """The engine's reading as last written or read (no Redis call), or None."""
+        return None if self._engine is None else self._engine.statistics()
+
+    @property
     def connected(self) -> bool:
         """False while Redis is known to be unreachable (or leases of this process are lost
         and not counted in Redis again yet)."""
@@ -369,18 +380,10 @@ class SharedLimit(LimitBase):
         return self.enqueue(weight, flow, deadline, tokens=tokens)
 
     def _upstream_refused(self, refusal: UpstreamRefusal, tokens: int) -> UpstreamCapacityError:
-        # The budgets are in Redis, not an `upstream`: when they hold the call is as last
-        # seen (what Redis said of its estimate, and of the waiter chosen next).
         budget = self._shared_budget
         if refusal != "budget" or budget is None:
             return super()._upstream_refused(refusal, tokens)
-        wait = budget.wait(tokens)
-        when = "not known yet" if wait is None else f"in {wait:.3f} s"
-        message = (
-            f"{self._describe()}: the rate budget could not hold {tokens} tokens within the "
-            f"wait allowed (it holds them {when})"
-        )
-        return UpstreamCapacityError(message, "budget", wait)
+        return budget.refusal(self._describe(), tokens)
 
     def _forget(self, waiter: asyncio.Future[Admission]) -> bool:
         return self._state.forget(waiter)
@@ -411,8 +414,17 @@ class SharedLimit(LimitBase):
     def resize(self, limit: int) -> None:
         """Set the global number of slots (in Redis: every process sees it). Growing hands
         the new slots to waiters at once in FIFO order; shrinking never revokes a held slot.
-        Applied as soon as Redis answers (again)."""
+        Applied as soon as Redis answers (again). With an `engine`, the most the engine's
+        readings may size it to (lowered now if above)."""
         check_count(type(self).__name__, "limit", limit)
+        if self._engine is not None:
+            self._engine.ceiling = limit
+            if self._store.limit > limit:
+                self._set_size(limit)
+            return
+        self._set_size(limit)
+
+    def _set_size(self, limit: int) -> None:
         self._store.resize(limit)
         if self._life.loop is not None and not self._state.closed and not self._sync.refusing():
             self._sync.spawn(self._sync.sizes.apply())  # (else the heartbeat, once holders count)
@@ -434,15 +446,3 @@ class SharedLimit(LimitBase):
 
     def _bind(self) -> asyncio.AbstractEventLoop:
         return self._life.bind()
-
-
-def _fallback_note(mode: RedisUnavailable, fallback_slots: int | None) -> str:
-    """What admissions do while Redis is away, as the warning of an outage says it."""
-    if fallback_slots is not None:
-        return "admitted through the fallback"
-    if mode == "local":
-        return (
-            "refused, not admitted through the local fallback (a limit with a rate budget "
-            "keeps it only in Redis: no process alone knows what the others spent)"
-        )
-    return "refused"

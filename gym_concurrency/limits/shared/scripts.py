@@ -87,7 +87,8 @@ from importlib.resources import files
 from typing import Final
 
 __all__ = [
-    "ACQUIRE", "CHECK_SERVER", "CONFIGURE", "CONFLICT", "KEY_NAMES", "LEAVE", "REMOVE", "SYNC",
+    "ACQUIRE", "CHECK_SERVER", "CONFIGURE", "CONFLICT", "ENGINE_KEY_NAMES", "ENGINE_READING",
+    "ENGINE_TURN", "KEY_NAMES", "LEAVE", "REMOVE", "SYNC",
 ]  # fmt: skip
 
 KEY_NAMES: Final = (
@@ -169,3 +170,21 @@ CONFIGURE: Final = _script("configure.lua")
 # Answers 1 if it started a grace period, 2 if the state is missing (a restart: the process
 # renews at once, so that its holders count again soon), else 0.
 CHECK_SERVER: Final = _lua("check_server.lua")
+
+
+# A limit that follows an engine for every process (`_engine.py`) keeps two keys of its own
+# under the same hash tag: `engine_lease` (STRING, the id of the process that scrapes, expiring
+# unless renewed) and `engine` (HASH: waiting, cache, running as the last scrape read them, and
+# `at`, Redis's ms when that scrape was sent). Neither is read by the admission scripts.
+ENGINE_KEY_NAMES: Final = ("engine_lease", "engine")
+
+# KEYS: engine_lease, engine, state. ARGV[1] process id, ARGV[2] lease ms. Takes or renews the
+# lease if free or this process's. Answers {1 if this process holds it, Redis's time (ms), the
+# weight held (state's `n`, "" if none), waiting, cache, running, at ("" for a field not
+# kept)}.
+ENGINE_TURN: Final = _lua("engine_turn.lua")
+
+# KEYS: engine_lease, engine. ARGV[1] process id, ARGV[2..4] waiting, cache, running, ARGV[5]
+# ms the reading is kept, ARGV[6] ms since its scrape was sent. Writes the reading if this
+# process holds the lease: answers 1, else 0.
+ENGINE_READING: Final = _lua("engine_reading.lua")

@@ -1,0 +1,192 @@
+"""A shared limit that follows an engine's /metrics for every process that shares it: the
+limit's size moves with the engine's room, so that admission (in Redis, one script call as
+ever) counts the whole fleet's admissions since a scrape at no extra cost.
+
+One process at a time scrapes: the one holding the engine lease (`ENGINE_TURN`, renewed every
+interval, lasting `stale_after_seconds`). When its scrape lands it writes the reading
+(`ENGINE_READING`, refused if the lease is no longer its) and sets the limit's size to
+
+    size = held + room    (at most the ceiling, and batch_size + waiting_max)
+
+`held`: the weight the fleet held when the scrape was sent (read in the same turn), `room`:
+what the reading leaves room for (`EngineSignal.room`). Admissions after the send raise the
+held weight and are in the size already; a call that ends frees a slot that the engine freed
+too. A reading older than `stale_after_seconds` (no scrape landed, or the holder died and
+the lease passed on) sets the size to the floor: the floor bounds the fleet's calls in flight.
+Every other process reads the reading at its turn, for its statistics.
+
+Weights count as calls to the engine here: give such a limit's calls weight 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from ...engines.gauges import EngineLoad, read_load
+from ...engines.poller import end_if_cancelled
+from ...engines.signal import EngineSignal, EngineStatistics
+from ...safe_urls import safe_url
+from . import scripts
+from ._store import RedisStore
+
+__all__ = ["FleetEngine"]
+
+_log = logging.getLogger("gym_concurrency.engines")
+
+_KEPT_FOR: Final = 20  # a reading is kept in Redis this many stale periods (then deleted)
+
+
+class FleetEngine:
+    """Follows `signal`'s engine for every process on one shared limit (see the module)."""
+
+    def __init__(
+        self,
+        signal: EngineSignal,
+        *,
+        ceiling: int,
+        store: RedisStore,
+        resize: Callable[[int], None],
+        describe: str,
+    ) -> None:
+        self.signal = signal
+        self.ceiling = ceiling  # the most the engine may be given (the limit's configured size)
+        self._store = store
+        self._resize = resize  # sets the limit's size in Redis (the limit's own path)
+        self._describe = describe
+        state = store.keys[scripts.KEY_NAMES.index("state")]
+        self._turn_keys = [*store.engine_keys, state]
+        self.holder = False  # this process scrapes for the fleet
+        self.load: EngineLoad | None = None  # the last reading, this process's or read
+        self.read_at: float | None = None  # when its scrape was sent (time.monotonic())
+        self.scrapes = 0  # scrapes this process made that landed
+        self.failures = 0  # ... and failed
+        self.last_error: str | None = None
+
+    @property
+    def initial_size(self) -> int:
+        """The size before any reading: the floor."""
+        return min(self.ceiling, self.signal.floor)
+
+    # --- the turns ---------------------------------------------------------------------
+
+    async def follow(self) -> None:
+        """Take a turn every interval until cancelled; an unreachable Redis skips turns (the
+        limit says so itself)."""
+        interval = self.signal.config.interval_seconds
+        while True:
+            started = time.monotonic()
+            try:
+                await self._turn()
+            except Exception as error:  # Redis away, a client's own error: the next turn
+                _log.debug("%s: engine turn failed: %r", self._describe, error)
+            end_if_cancelled()
+            await asyncio.sleep(max(0.0, started + interval - time.monotonic()))
+
+    async def _turn(self) -> None:
+        proc, lease_ms = self._store.proc, _ms(self.signal.stale_after_seconds)
+        reply = await self._store.beside("engine_turn", self._turn_keys, [proc, lease_ms])
+        mine, now_ms, held, waiting, cache, running, at = reply
+        took_over = bool(int(mine)) and not self.holder
+        self.holder = bool(int(mine))
+        if not self.holder or took_over:  # the holder's reading, as Redis keeps it
+            self._read(waiting, cache, running, at, int(now_ms))
+        if not self.holder:
+            return
+        if took_over and self.stale():
+            self._size(self.initial_size)  # the last holder's reading is too old to go on
+        await self._scrape(int(held or 0))
+
+    async def _scrape(self, held: int) -> None:
+        config = self.signal.config
+        sent = time.monotonic()
+        try:
+            async with asyncio.timeout(config.timeout_seconds):
+                body = await config.fetch(self.signal.url, config.timeout_seconds, config.max_bytes)
+            load = read_load(body, config.metrics, config.max_bytes)
+            if load is None or load.waiting is None or not self.signal.usable(load):
+                raise ValueError(f"no usable reading in the scrape of {safe_url(self.signal.url)}")
+        except Exception as error:  # a Fetch may raise anything; the turns must go on
+            end_if_cancelled()
+            self._failed(str(error) or type(error).__name__)
+            return
+        elapsed = _ms(time.monotonic() - sent)
+        fields = [_text(load.waiting), _text(load.cache_usage), _text(load.running)]
+        kept = _ms(self.signal.stale_after_seconds * _KEPT_FOR)
+        args = [self._store.proc, *fields, kept, elapsed]
+        if not int(await self._store.beside("engine_reading", self._store.engine_keys, args)):
+            self.holder = False  # the lease passed on while this scrape was out
+            return
+        self.load, self.read_at = load, sent
+        self.scrapes += 1
+        if self.last_error is not None:
+            url = safe_url(self.signal.url)
+            _log.info("engine %s: scraped again after: %s", url, self.last_error)
+            self.last_error = None
+        self._size(held + self.signal.room(load))
+
+    def _read(self, waiting: Any, cache: Any, running: Any, at: Any, now_ms: int) -> None:
+        if waiting in ("", b"") or at in ("", b""):
+            return
+        self.load = EngineLoad(float(waiting), _number(cache), _number(running))
+        self.read_at = time.monotonic() - max(0, now_ms - int(at)) / 1000
+
+    def _failed(self, error: str) -> None:
+        self.failures += 1
+        if self.last_error is None:
+            _log.warning(
+                "engine %s: scrape failed: %s (once the last reading is stale, %s admits up "
+                "to its floor across every process)",
+                safe_url(self.signal.url),
+                error,
+                self._describe,
+            )
+        self.last_error = error
+        if self.stale():
+            self._size(self.initial_size)
+
+    def _size(self, size: int) -> None:
+        cap = self.signal.in_flight_cap
+        size = max(0, min(size, self.ceiling, size if cap is None else cap))
+        if size != self._store.limit:
+            self._resize(size)
+
+    # --- what the limit reads --------------------------------------------------------
+
+    def stale(self, now: float | None = None) -> bool:
+        """Whether the last reading is missing or older than the signal allows."""
+        if self.read_at is None:
+            return True
+        now = time.monotonic() if now is None else now
+        return now - self.read_at > self.signal.stale_after_seconds
+
+    def statistics(self) -> EngineStatistics:
+        """The reading as last written or read (no Redis call): `admitted_since_scrape` is 0,
+        as the fleet's admissions are in the limit's size instead."""
+        load, now = self.load, time.monotonic()
+        return EngineStatistics(
+            waiting=None if load is None else load.waiting,
+            cache_usage=None if load is None else load.cache_usage,
+            running=None if load is None else load.running,
+            signal_age_seconds=None if self.read_at is None else max(0.0, now - self.read_at),
+            admitted_since_scrape=0,
+            stale=self.stale(now),
+            scrapes=self.scrapes,
+            failures=self.failures,
+            last_error=self.last_error,
+        )
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _text(value: float | None) -> str:
+    return "" if value is None else repr(float(value))
+
+
+def _number(value: Any) -> float | None:
+    return None if value in ("", b"", None) else float(value)
