@@ -9,6 +9,8 @@ at least 1,000 / 64 x 0.2 = 3.1 s), on CPU 0. Each of `--processes` client proce
 common moment, through one configured client limit (`ClientLimit`, httpx transport):
 
     fixed     max_concurrent = batch / processes (16): the batch exactly, known in advance
+    fixed-global  one global limit of batch + --engine-global-waiting-max (70) for all the
+              processes, on a redis-server of this run (the hand-off through Redis, no engine)
     aimd      adaptive AIMD (latency tolerance 1.25: the engine never refuses), starting at
               --adaptive-start a process, within [1, batch]
     gradient  the same, gradient
@@ -73,7 +75,7 @@ from benchmarks._shared_cost_redis import LocalRedis
 from benchmarks._source import PROJECT_ROOT, use_source_tree
 from benchmarks.overload import load_average, wait_until_quiet
 
-CONFIGS = ("fixed", "aimd", "gradient", "engine", "engine-global")
+CONFIGS = ("fixed", "fixed-global", "aimd", "gradient", "engine", "engine-global")
 GOALS = {"engine_max_waiting_at_scrape": 6, "engine_batch_utilisation": 0.95}
 SETTINGS = (  # the options the JSON records
     "rounds",
@@ -101,6 +103,10 @@ def settings_for(
     settings: dict[str, Any] = {"component": "engine_goal", "clients": [client]}
     if config == "fixed":
         client["max_concurrent"] = max(1, args.batch // args.processes)
+    elif config == "fixed-global":  # the batch and the queue the engine goal allows, known
+        client["max_concurrent"] = args.batch + args.engine_global_waiting_max
+        client["scope"] = "global"
+        settings["redis_url"] = redis_url
     elif config in ("aimd", "gradient"):
         client["max_concurrent"] = args.adaptive_start
         client["adaptive"] = {
@@ -150,7 +156,7 @@ class Scraper:
 def cell(args: argparse.Namespace, config: str) -> dict[str, Any]:
     served = ["--batch", str(args.batch), "--service-ms", str(args.service_ms)]
     engine = FakeUpstream(args.python, "benchmarks._fake_engine", served)
-    redis = LocalRedis("0") if config == "engine-global" else None
+    redis = LocalRedis("0") if config.endswith("-global") else None
     scraper = None
     try:
         redis_url = None if redis is None else redis.url

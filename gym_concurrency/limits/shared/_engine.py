@@ -4,16 +4,19 @@ ever) counts the whole fleet's admissions since a scrape at no extra cost.
 
 One process at a time scrapes: the one holding the engine lease (`ENGINE_TURN`, renewed every
 interval, lasting `stale_after_seconds`). When its scrape lands it writes the reading
-(`ENGINE_READING`, refused if the lease is no longer its) and sets the limit's size to
+(`ENGINE_READING`, refused if the lease is no longer its), which answers the weight the fleet
+holds then, and sets the limit's size to
 
     size = held + room    (at most the ceiling, and batch_size + waiting_max)
 
-`held`: the weight the fleet held when the scrape was sent (read in the same turn), `room`:
-what the reading leaves room for (`EngineSignal.room`). Admissions after the send raise the
-held weight and are in the size already; a call that ends frees a slot that the engine freed
-too. A reading older than `stale_after_seconds` (no scrape landed, or the holder died and
-the lease passed on) sets the size to the floor: the floor bounds the fleet's calls in flight.
-Every other process reads the reading at its turn, for its statistics.
+`room`: what the reading leaves room for (`EngineSignal.room`). The calls held are in the
+reading (at the engine) or on their way to it: admissions after the landing raise the held
+weight and are in the size already; a call that ends frees a slot that the engine freed too.
+Calls admitted but not yet at the engine when it was scraped count once more than they should
+(the in-flight cap `batch_size + waiting_max` bounds them, as in a process). A reading older
+than `stale_after_seconds` (no scrape landed, or the holder died and the lease passed on)
+sets the size to the floor: the floor bounds the fleet's calls in flight. Every other
+process reads the reading at its turn, for its statistics.
 
 Weights count as calls to the engine here: give such a limit's calls weight 1.
 """
@@ -58,7 +61,7 @@ class FleetEngine:
         self._resize = resize  # sets the limit's size in Redis (the limit's own path)
         self._describe = describe
         state = store.keys[scripts.KEY_NAMES.index("state")]
-        self._turn_keys = [*store.engine_keys, state]
+        self._keys = [*store.engine_keys, state]
         self.holder = False  # this process scrapes for the fleet
         self.load: EngineLoad | None = None  # the last reading, this process's or read
         self.read_at: float | None = None  # when its scrape was sent (time.monotonic())
@@ -88,8 +91,8 @@ class FleetEngine:
 
     async def _turn(self) -> None:
         proc, lease_ms = self._store.proc, _ms(self.signal.stale_after_seconds)
-        reply = await self._store.beside("engine_turn", self._turn_keys, [proc, lease_ms])
-        mine, now_ms, held, waiting, cache, running, at = reply
+        reply = await self._store.beside("engine_turn", self._keys[:2], [proc, lease_ms])
+        mine, now_ms, waiting, cache, running, at = reply
         took_over = bool(int(mine)) and not self.holder
         self.holder = bool(int(mine))
         if not self.holder or took_over:  # the holder's reading, as Redis keeps it
@@ -98,9 +101,9 @@ class FleetEngine:
             return
         if took_over and self.stale():
             self._size(self.initial_size)  # the last holder's reading is too old to go on
-        await self._scrape(int(held or 0))
+        await self._scrape()
 
-    async def _scrape(self, held: int) -> None:
+    async def _scrape(self) -> None:
         config = self.signal.config
         sent = time.monotonic()
         try:
@@ -117,7 +120,8 @@ class FleetEngine:
         fields = [_text(load.waiting), _text(load.cache_usage), _text(load.running)]
         kept = _ms(self.signal.stale_after_seconds * _KEPT_FOR)
         args = [self._store.proc, *fields, kept, elapsed]
-        if not int(await self._store.beside("engine_reading", self._store.engine_keys, args)):
+        written, held = await self._store.beside("engine_reading", self._keys, args)
+        if not int(written):
             self.holder = False  # the lease passed on while this scrape was out
             return
         self.load, self.read_at = load, sent
@@ -126,7 +130,7 @@ class FleetEngine:
             url = safe_url(self.signal.url)
             _log.info("engine %s: scraped again after: %s", url, self.last_error)
             self.last_error = None
-        self._size(held + self.signal.room(load))
+        self._size(int(held or 0) + self.signal.room(load))
 
     def _read(self, waiting: Any, cache: Any, running: Any, at: Any, now_ms: int) -> None:
         if waiting in ("", b"") or at in ("", b""):

@@ -178,13 +178,12 @@ CHECK_SERVER: Final = _lua("check_server.lua")
 # `at`, Redis's ms when that scrape was sent). Neither is read by the admission scripts.
 ENGINE_KEY_NAMES: Final = ("engine_lease", "engine")
 
-# KEYS: engine_lease, engine, state. ARGV[1] process id, ARGV[2] lease ms. Takes or renews the
-# lease if free or this process's. Answers {1 if this process holds it, Redis's time (ms), the
-# weight held (state's `n`, "" if none), waiting, cache, running, at ("" for a field not
-# kept)}.
+# KEYS: engine_lease, engine. ARGV[1] process id, ARGV[2] lease ms. Takes or renews the lease
+# if free or this process's. Answers {1 if this process holds it, Redis's time (ms), waiting,
+# cache, running, at ("" for a field not kept)}.
 ENGINE_TURN: Final = _lua("engine_turn.lua")
 
-# KEYS: engine_lease, engine. ARGV[1] process id, ARGV[2..4] waiting, cache, running, ARGV[5]
-# ms the reading is kept, ARGV[6] ms since its scrape was sent. Writes the reading if this
-# process holds the lease: answers 1, else 0.
+# KEYS: engine_lease, engine, state. ARGV[1] process id, ARGV[2..4] waiting, cache, running,
+# ARGV[5] ms the reading is kept, ARGV[6] ms since its scrape was sent. Writes the reading if
+# this process holds the lease: answers {1, the weight held now}, else {0, ""}.
 ENGINE_READING: Final = _lua("engine_reading.lua")
