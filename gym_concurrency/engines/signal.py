@@ -122,20 +122,22 @@ class EngineSignal:
         cap = self.in_flight_cap
         if cap is not None and in_flight >= cap:
             return False  # the caller's own calls would fill the batch and the queue
-        return self._poller.admitted_since_scrape < self.room(reading.load)
+        room = self.room(reading.load)
+        return room is not None and self._poller.admitted_since_scrape < room
 
-    def room(self, load: EngineLoad) -> int:
-        """How many calls the engine has room for beyond the load a scrape read: none while
-        its cache is at `cache_max`; else the free batch slots (with `batch_size`, when
-        nothing waits) and `waiting_max` less the waiting queue."""
+    def room(self, load: EngineLoad) -> int | None:
+        """How many calls the engine has room for beyond the load a scrape read: the free
+        batch slots (with `batch_size`, when nothing waits) and `waiting_max` less the waiting
+        queue (negative: that many over); None while its cache is at `cache_max` (none until
+        a reading says otherwise)."""
         cache = load.cache_usage
         if self._cache_max is not None and (cache is None or cache >= self._cache_max):
-            return 0
+            return None
         waiting = load.waiting or 0.0
         free = 0.0
         if self._batch_size is not None and waiting == 0:  # (none while requests wait)
             free = max(0.0, self._batch_size - (load.running or 0.0))
-        return max(0, math.ceil(free + self._waiting_max - waiting))
+        return math.ceil(free + self._waiting_max - waiting)
 
     @property
     def in_flight_cap(self) -> int | None:

@@ -13,9 +13,10 @@ import pytest
 
 from gym_concurrency import SharedLimit
 from gym_concurrency.engines import EngineSignal
+from gym_concurrency.engines.gauges import EngineLoad
 from gym_concurrency.upstream_view import upstream_statistics
 from tests.engines.engine_process import EngineProcess, fake_engine
-from tests.servers import eventually
+from tests.servers import eventually, free_port
 from tests.shared.helpers import Limits
 
 BATCH, WAITING_MAX = 8, 2
@@ -159,3 +160,30 @@ async def test_a_new_holder_starts_from_the_floor_when_the_last_reading_is_stale
 def test_a_shared_limit_takes_only_an_engine_signal() -> None:
     with pytest.raises(TypeError, match="SharedLimit engine must be an EngineSignal"):
         SharedLimit(4, redis_url="redis://127.0.0.1:9/0", key="k", engine="http://x")  # type: ignore[arg-type]
+
+
+def test_the_room_is_negative_for_a_queue_over_waiting_max_and_none_at_a_full_cache() -> None:
+    signal = EngineSignal("http://127.0.0.1:9/metrics", waiting_max=2, batch_size=8, cache_max=0.9)
+    assert signal.room(EngineLoad(waiting=0.0, cache_usage=0.5, running=5.0)) == 3 + 2
+    assert signal.room(EngineLoad(waiting=5.0, cache_usage=0.5, running=8.0)) == -3
+    assert signal.room(EngineLoad(waiting=0.0, cache_usage=0.95, running=1.0)) is None
+
+
+async def test_the_local_fallback_of_an_engine_limit_admits_at_most_the_floor(key: str) -> None:
+    limit = SharedLimit(
+        100, redis_url=f"redis://127.0.0.1:{free_port()}/0", key=key, lease_seconds=1.5,
+        redis_timeout=0.5, redis_unavailable="local", local_max_concurrent=50,
+        engine=EngineSignal("http://127.0.0.1:9/metrics", waiting_max=2, floor=3),
+    )  # fmt: skip
+    try:
+        for _ in range(3):  # Redis is away: through the fallback, the engine's floor at most
+            assert await limit.enqueue() == "admitted"
+        fourth = limit.enqueue()
+        await asyncio.sleep(0.3)
+        assert not fourth.done()
+        limit.release()
+        assert await asyncio.wait_for(fourth, 5) == "admitted"
+        for _ in range(3):
+            limit.release()
+    finally:
+        await limit.close()

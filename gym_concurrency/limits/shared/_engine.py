@@ -9,7 +9,9 @@ holds then, and sets the limit's size to
 
     size = held + room    (at most the ceiling, and batch_size + waiting_max)
 
-`room`: what the reading leaves room for (`EngineSignal.room`). The calls held are in the
+`room`: what the reading leaves room for (`EngineSignal.room`; negative for a queue over
+`waiting_max`: the size stays under the calls held until it drains; 0 at `cache_max`, until a
+reading says otherwise). The calls held are in the
 reading (at the engine) or on their way to it: admissions after the landing raise the held
 weight and are in the size already; a call that ends frees a slot that the engine freed too.
 Calls admitted but not yet at the engine when it was scraped count once more than they should
@@ -130,7 +132,8 @@ class FleetEngine:
             url = safe_url(self.signal.url)
             _log.info("engine %s: scraped again after: %s", url, self.last_error)
             self.last_error = None
-        self._size(int(held or 0) + self.signal.room(load))
+        room = self.signal.room(load)  # (None: the cache is full: none until it empties)
+        self._size(0 if room is None else int(held or 0) + room)
 
     def _read(self, waiting: Any, cache: Any, running: Any, at: Any, now_ms: int) -> None:
         if waiting in ("", b"") or at in ("", b""):

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from ...engines.signal import EngineSignal
 from ..limit import Admission
 from ..local import MeteredSemaphore
 from ._checks import RedisUnavailable
 
-__all__ = ["Fallback", "fallback_note"]
+__all__ = ["Fallback", "fallback_note", "fallback_size"]
 
 
 class Fallback:
@@ -74,3 +75,14 @@ def fallback_note(mode: RedisUnavailable, fallback_slots: int | None) -> str:
             "keeps it only in Redis: no process alone knows what the others spent)"
         )
     return "refused"
+
+
+def fallback_size(
+    local_max_concurrent: int | None, budget: object | None, engine: EngineSignal | None
+) -> int | None:
+    """The local fallback's slots, or None for none. A rate budget is kept only in Redis: no
+    process alone knows what the others spent, so a limit with one has no fallback ("local"
+    refuses too). An engine's room is the fleet's: a process alone admits at most the floor."""
+    if local_max_concurrent is None or budget is not None:
+        return None
+    return local_max_concurrent if engine is None else min(local_max_concurrent, engine.floor)

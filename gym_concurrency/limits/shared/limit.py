@@ -39,7 +39,7 @@ from ._checks import (
     check_url,
 )
 from ._engine import FleetEngine
-from ._fallback import fallback_note
+from ._fallback import fallback_note, fallback_size
 from ._lifecycle import Lifecycle
 from ._process_state import ProcessState
 from ._store import RedisStore
@@ -124,9 +124,7 @@ class SharedLimit(LimitBase):
         self._lease_seconds = float(lease_seconds)
         self._mode: RedisUnavailable = redis_unavailable
         self._local_max = local_max_concurrent
-        # A rate budget is kept only in Redis: no process alone knows what the others spent,
-        # so a limit with one has no fallback to admit through ("local" refuses too).
-        fallback_slots = local_max_concurrent if budget is None else None
+        fallback_slots = fallback_size(local_max_concurrent, budget, engine)
         self._rate_budget = budget  # its sizes; its state is `_shared_budget`'s, in Redis
         self._shared_budget: SharedBudget | None = None
         if budget is not None:
