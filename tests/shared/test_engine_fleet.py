@@ -187,3 +187,17 @@ async def test_the_local_fallback_of_an_engine_limit_admits_at_most_the_floor(ke
             limit.release()
     finally:
         await limit.close()
+
+
+async def test_a_holder_that_lost_the_lease_sizes_nothing(
+    limits: Limits, engine: EngineProcess
+) -> None:
+    [limit] = fleet(limits, engine, 1, interval_seconds=1.0, stale_after_seconds=5.0)
+    await limit.connect()
+    await eventually(lambda: limit.limit == BATCH + WAITING_MAX, "a first reading", 5)
+    redis = limit._store._client
+    lease, _ = limit._store.engine_keys
+    await redis.set(lease, "other:1", px=5000)  # another process holds it now
+    assert limit._engine is not None
+    assert not await limit._engine._size("set", 3)  # (a scrape that landed late, say)
+    assert await redis.get(limit.redis_keys["limit"]) == str(BATCH + WAITING_MAX)

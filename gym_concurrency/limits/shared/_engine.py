@@ -3,22 +3,22 @@ limit's size moves with the engine's room, so that admission (in Redis, one scri
 ever) counts the whole fleet's admissions since a scrape at no extra cost.
 
 One process at a time scrapes: the one holding the engine lease (`ENGINE_TURN`, renewed every
-interval, lasting `stale_after_seconds`). When its scrape lands it writes the reading
-(`ENGINE_READING`, refused if the lease is no longer its), which answers the weight the fleet
-holds then, and sets the limit's size to
+interval, lasting `stale_after_seconds`). When its scrape lands it sizes the limit in one
+script call (`ENGINE_SIZE`: nothing if the lease is no longer its), which keeps the reading
+and sets the size to
 
     size = held + room    (at most the ceiling, and batch_size + waiting_max)
 
-`room`: what the reading leaves room for (`EngineSignal.room`; negative for a queue over
-`waiting_max`: the size stays under the calls held until it drains; 0 at `cache_max`, until a
-reading says otherwise). The calls held are in the
-reading (at the engine) or on their way to it: admissions after the landing raise the held
-weight and are in the size already; a call that ends frees a slot that the engine freed too.
-Calls admitted but not yet at the engine when it was scraped count once more than they should
-(the in-flight cap `batch_size + waiting_max` bounds them, as in a process). A reading older
-than `stale_after_seconds` (no scrape landed, or the holder died and the lease passed on)
-sets the size to the floor: the floor bounds the fleet's calls in flight. Every other
-process reads the reading at its turn, for its statistics.
+`held`: the weight the fleet holds as the script runs; `room`: what the reading leaves room
+for (`EngineSignal.room`; negative for a queue over `waiting_max`: the size stays under the
+calls held until it drains; 0 at `cache_max`, until a reading says otherwise). The calls
+held are in the reading (at the engine) or on their way to it: admissions after the landing
+raise the held weight and are in the size already; a call that ends frees a slot that the
+engine freed too. Calls admitted but not yet at the engine when it was scraped count once
+more than they should (the in-flight cap `batch_size + waiting_max` bounds them, as in a
+process). A reading older than `stale_after_seconds` (no scrape landed, or the holder died
+and the lease passed on) sets the size to the floor: the floor bounds the fleet's calls in
+flight. Every other process reads the reading at its turn, for its statistics.
 
 Weights count as calls to the engine here: give such a limit's calls weight 1.
 """
@@ -28,14 +28,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from typing import Any, Final
 
 from ...engines.gauges import EngineLoad, read_load
 from ...engines.poller import end_if_cancelled
 from ...engines.signal import EngineSignal, EngineStatistics
 from ...safe_urls import safe_url
-from . import scripts
 from ._store import RedisStore
 
 __all__ = ["FleetEngine"]
@@ -54,16 +52,12 @@ class FleetEngine:
         *,
         ceiling: int,
         store: RedisStore,
-        resize: Callable[[int], None],
         describe: str,
     ) -> None:
         self.signal = signal
         self.ceiling = ceiling  # the most the engine may be given (the limit's configured size)
         self._store = store
-        self._resize = resize  # sets the limit's size in Redis (the limit's own path)
         self._describe = describe
-        state = store.keys[scripts.KEY_NAMES.index("state")]
-        self._keys = [*store.engine_keys, state]
         self.holder = False  # this process scrapes for the fleet
         self.load: EngineLoad | None = None  # the last reading, this process's or read
         self.read_at: float | None = None  # when its scrape was sent (time.monotonic())
@@ -93,7 +87,7 @@ class FleetEngine:
 
     async def _turn(self) -> None:
         proc, lease_ms = self._store.proc, _ms(self.signal.stale_after_seconds)
-        reply = await self._store.beside("engine_turn", self._keys[:2], [proc, lease_ms])
+        reply = await self._store.beside("engine_turn", self._store.engine_keys, [proc, lease_ms])
         mine, now_ms, waiting, cache, running, at = reply
         took_over = bool(int(mine)) and not self.holder
         self.holder = bool(int(mine))
@@ -101,8 +95,8 @@ class FleetEngine:
             self._read(waiting, cache, running, at, int(now_ms))
         if not self.holder:
             return
-        if took_over and self.stale():
-            self._size(self.initial_size)  # the last holder's reading is too old to go on
+        if took_over and self.stale():  # the last holder's reading is too old to go on
+            await self._size("set", self.signal.floor)
         await self._scrape()
 
     async def _scrape(self) -> None:
@@ -116,14 +110,15 @@ class FleetEngine:
                 raise ValueError(f"no usable reading in the scrape of {safe_url(self.signal.url)}")
         except Exception as error:  # a Fetch may raise anything; the turns must go on
             end_if_cancelled()
-            self._failed(str(error) or type(error).__name__)
+            await self._failed(str(error) or type(error).__name__)
             return
-        elapsed = _ms(time.monotonic() - sent)
-        fields = [_text(load.waiting), _text(load.cache_usage), _text(load.running)]
-        kept = _ms(self.signal.stale_after_seconds * _KEPT_FOR)
-        args = [self._store.proc, *fields, kept, elapsed]
-        written, held = await self._store.beside("engine_reading", self._keys, args)
-        if not int(written):
+        room = self.signal.room(load)  # (None: the cache is full: none until it empties)
+        kept, elapsed = (
+            _ms(self.signal.stale_after_seconds * _KEPT_FOR),
+            _ms(time.monotonic() - sent),
+        )
+        reading = [_text(load.waiting), _text(load.cache_usage), _text(load.running), kept, elapsed]
+        if not await self._size("set" if room is None else "held", room or 0, reading):
             self.holder = False  # the lease passed on while this scrape was out
             return
         self.load, self.read_at = load, sent
@@ -132,8 +127,6 @@ class FleetEngine:
             url = safe_url(self.signal.url)
             _log.info("engine %s: scraped again after: %s", url, self.last_error)
             self.last_error = None
-        room = self.signal.room(load)  # (None: the cache is full: none until it empties)
-        self._size(0 if room is None else int(held or 0) + room)
 
     def _read(self, waiting: Any, cache: Any, running: Any, at: Any, now_ms: int) -> None:
         if waiting in ("", b"") or at in ("", b""):
@@ -141,7 +134,7 @@ class FleetEngine:
         self.load = EngineLoad(float(waiting), _number(cache), _number(running))
         self.read_at = time.monotonic() - max(0, now_ms - int(at)) / 1000
 
-    def _failed(self, error: str) -> None:
+    async def _failed(self, error: str) -> None:
         self.failures += 1
         if self.last_error is None:
             _log.warning(
@@ -152,14 +145,17 @@ class FleetEngine:
                 self._describe,
             )
         self.last_error = error
-        if self.stale():
-            self._size(self.initial_size)
+        if self.stale() and self._store.limit != self.initial_size:
+            await self._size("set", self.signal.floor)
 
-    def _size(self, size: int) -> None:
+    async def _size(self, how: str, value: int, reading: list[Any] | None = None) -> bool:
+        """Size the limit in Redis ("held": the weight held + `value`; "set": `value`), at
+        most the ceiling and the in-flight cap, keeping `reading` (waiting, cache, running,
+        ms kept, ms since sent); False if the engine lease is another's."""
         cap = self.signal.in_flight_cap
-        size = max(0, min(size, self.ceiling, size if cap is None else cap))
-        if size != self._store.limit:
-            self._resize(size)
+        most = self.ceiling if cap is None else min(self.ceiling, cap)
+        args = [how, most, value, *(reading or ["", "", "", 1, 0])]
+        return bool((await self._store.engine_size(args)).status)
 
     # --- what the limit reads --------------------------------------------------------
 

@@ -57,10 +57,12 @@ class ScriptLane:
         self._no_script, self._answered = exceptions.NoScriptError, exceptions.ResponseError
         self._unsent = unsent
 
-    async def call(self, name: str, args: list[Any], keys: list[str] | None = None) -> Any:
-        """Run script `name` with `args` (and `keys`, for a script beside the limit's state:
-        the same for every call of `name`; `unsent` is told only of the limit's own); its
-        raw reply."""
+    async def call(
+        self, name: str, args: list[Any], keys: list[str] | None = None, own: bool = True
+    ) -> Any:
+        """Run script `name` with `args` and `keys` (default the limit's; the same for every
+        call of `name`); its raw reply. `unsent` is told of an `own` call: one with the
+        limit's common arguments (a script beside the limit's state has its own)."""
         if self._pool is None:
             return await self._usual(name, args, keys)
         try:
@@ -68,7 +70,7 @@ class ScriptLane:
                 await self._give_back_broken()
             connection = await self._connection()
         except BaseException:  # nothing of the call was written, whatever ended it
-            if self._unsent is not None and keys is None:
+            if self._unsent is not None and own:
                 self._unsent(args)
             raise
         try:

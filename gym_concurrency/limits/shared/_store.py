@@ -172,6 +172,12 @@ class RedisStore:
         """This process closes: remove `ids`, leave the members, drop the mailbox."""
         return await self._call("leave", ids, common_reply)
 
+    async def engine_size(self, args: list[Any]) -> Reply:
+        """The engine's holder sizes the limit (`scripts.ENGINE_SIZE`; status 0: the engine
+        lease is another's, nothing changed)."""
+        keys = [*self.keys, *self.engine_keys]
+        return await self._call("engine_size", args, common_reply, keys)
+
     async def configure(self, pending: PendingSize) -> ConfigureReply:
         """Write a configured size or a resize."""
         reply = await self._call("configure", [pending.size, pending.kind], configure_reply)
@@ -218,7 +224,7 @@ class RedisStore:
         assert self._lane is not None, "start() makes the lane"
         try:
             async with asyncio.timeout(self._redis_timeout):
-                return await self._lane.call(script, args, keys)
+                return await self._lane.call(script, args, keys, own=False)
         except self.failures:
             raise
         except Exception as error:
@@ -237,11 +243,17 @@ class RedisStore:
         if self.budget is not None:
             self.budget.unsent(args[_BUDGET_ARG])
 
-    async def _call(self, script: str, args: list[Any], unpack: Callable[[list[Any]], _R]) -> _R:
+    async def _call(
+        self,
+        script: str,
+        args: list[Any],
+        unpack: Callable[[list[Any]], _R],
+        keys: list[str] | None = None,
+    ) -> _R:
         assert self._lane is not None, "start() makes the lane"
         try:
             async with asyncio.timeout(self._redis_timeout):
-                raw: list[Any] = await self._lane.call(script, self._args(args))
+                raw: list[Any] = await self._lane.call(script, self._args(args), keys)
         except self.failures:
             raise
         except Exception as error:
@@ -414,5 +426,5 @@ def _register(client: Any) -> dict[str, Any]:
         "sync": client.register_script(scripts.SYNC),
         "configure": client.register_script(scripts.CONFIGURE),
         "engine_turn": client.register_script(scripts.ENGINE_TURN),
-        "engine_reading": client.register_script(scripts.ENGINE_READING),
+        "engine_size": client.register_script(scripts.ENGINE_SIZE),
     }

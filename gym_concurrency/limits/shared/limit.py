@@ -147,8 +147,7 @@ class SharedLimit(LimitBase):
         )  # fmt: skip
         self._sync = self._state.sync
         self._engine = None if engine is None else FleetEngine(
-            engine, ceiling=value, store=self._store, resize=self._set_size,
-            describe=self._describe(),
+            engine, ceiling=value, store=self._store, describe=self._describe(),
         )  # fmt: skip
         self._life = Lifecycle(
             self._store, self._state, lease_seconds=self._lease_seconds,

@@ -87,7 +87,7 @@ from importlib.resources import files
 from typing import Final
 
 __all__ = [
-    "ACQUIRE", "CHECK_SERVER", "CONFIGURE", "CONFLICT", "ENGINE_KEY_NAMES", "ENGINE_READING",
+    "ACQUIRE", "CHECK_SERVER", "CONFIGURE", "CONFLICT", "ENGINE_KEY_NAMES", "ENGINE_SIZE",
     "ENGINE_TURN", "KEY_NAMES", "LEAVE", "REMOVE", "SYNC",
 ]  # fmt: skip
 
@@ -176,14 +176,19 @@ CHECK_SERVER: Final = _lua("check_server.lua")
 # under the same hash tag: `engine_lease` (STRING, the id of the process that scrapes, expiring
 # unless renewed) and `engine` (HASH: waiting, cache, running as the last scrape read them, and
 # `at`, Redis's ms when that scrape was sent). Neither is read by the admission scripts.
-ENGINE_KEY_NAMES: Final = ("engine_lease", "engine")
+ENGINE_KEY_NAMES: Final = ("engine_lease", "engine")  # (after KEY_NAMES, for ENGINE_SIZE)
 
 # KEYS: engine_lease, engine. ARGV[1] process id, ARGV[2] lease ms. Takes or renews the lease
 # if free or this process's. Answers {1 if this process holds it, Redis's time (ms), waiting,
 # cache, running, at ("" for a field not kept)}.
 ENGINE_TURN: Final = _lua("engine_turn.lua")
 
-# KEYS: engine_lease, engine, state. ARGV[1] process id, ARGV[2..4] waiting, cache, running,
-# ARGV[5] ms the reading is kept, ARGV[6] ms since its scrape was sent. Writes the reading if
-# this process holds the lease: answers {1, the weight held now}, else {0, ""}.
-ENGINE_READING: Final = _lua("engine_reading.lua")
+# The engine's holder sizes the limit (`_engine.py`). KEYS: the limit's, then engine_lease,
+# engine. ARGV[7] "held" (the size is the weight held now + ARGV[9], the room a reading
+# leaves, negative for a queue over its bound) or "set" (the size is ARGV[9]: the floor, or 0
+# for a full cache), ARGV[8] the most it may be, ARGV[10..12] waiting, cache, running of the
+# reading to keep ("" for ARGV[10]: none), ARGV[13] ms it is kept, ARGV[14] ms since its
+# scrape was sent. Only while this process holds the engine lease, checked in the same call:
+# a holder that lost it (stalled, cut off) changes nothing. Status 1 if it sized the limit,
+# else 0; then the common head.
+ENGINE_SIZE: Final = _script("engine_size.lua")
