@@ -159,6 +159,8 @@ def cell(args: argparse.Namespace, config: str) -> dict[str, Any]:
     redis = LocalRedis("0") if config.endswith("-global") else None
     scraper = None
     try:
+        if redis is not None:
+            redis.wait_older_than(5)  # past a new Redis's grace period (it hands out nothing)
         redis_url = None if redis is None else redis.url
         settings = json.dumps(settings_for(config, args, engine.url, redis_url))
         share, extra = divmod(args.requests, args.processes)

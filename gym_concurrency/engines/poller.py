@@ -201,9 +201,10 @@ class EnginePoller:
 
 
 def end_if_cancelled() -> None:
-    """Raise CancelledError if this task is being cancelled: a timeout inside the scrape or
-    turn may have turned the cancellation into its own TimeoutError (seen on Python 3.11); a
-    poll must still end when it is stopped."""
+    """Raise CancelledError if this task is being cancelled: a timeout or a client inside the
+    scrape or turn may have turned the cancellation into an error or swallowed it (seen on
+    Python 3.11 with a SharedLimit's engine turns; redis-py 8 can, see the mailbox in
+    limits/shared/_loops.py); a poll must still end when it is stopped."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
