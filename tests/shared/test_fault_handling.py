@@ -549,7 +549,7 @@ async def test_a_client_error_that_is_no_redis_error_fails_the_call_and_strands_
     assert lane is not None
     usual_call = lane.call
 
-    async def broken_once(name: str, args: list[object]) -> object:
+    async def broken_once(name: str, args: list[object], *more: object) -> object:
         monkeypatch.setattr(lane, "call", usual_call)
         raise AttributeError("'NoneType' object has no attribute '_add_writer'")
 
