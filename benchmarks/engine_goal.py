@@ -90,6 +90,7 @@ SETTINGS = (  # the options the JSON records
     "engine_stale_after",
     "engine_slots",
     "engine_global_waiting_max",
+    "redis_cpu",
     "scrape_ms",
     "warm",
 )
@@ -156,7 +157,7 @@ class Scraper:
 def cell(args: argparse.Namespace, config: str) -> dict[str, Any]:
     served = ["--batch", str(args.batch), "--service-ms", str(args.service_ms)]
     engine = FakeUpstream(args.python, "benchmarks._fake_engine", served)
-    redis = LocalRedis("0") if config.endswith("-global") else None
+    redis = LocalRedis(args.redis_cpu) if config.endswith("-global") else None
     scraper = None
     try:
         if redis is not None:
@@ -269,6 +270,7 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--engine-stale-after", type=float, default=None, help="s (3 intervals)")
     parser.add_argument("--engine-slots", type=int, default=None, help="a process (batch)")
     parser.add_argument("--engine-global-waiting-max", type=int, default=6, help="the fleet's")
+    parser.add_argument("--redis-cpu", default="0", help="the *-global configs' redis-server")
     parser.add_argument("--scrape-ms", type=float, default=50.0, help="this run's own scrapes")
     parser.add_argument("--timeout", type=float, default=120.0, help="s, a burst at most")
     parser.add_argument("--warm", type=int, default=0, help="connections a process opens first")
