@@ -22,8 +22,8 @@ TINY = ["--rounds", "1", "--requests", "100", "--processes", "2", "--batch", "16
 TINY += ["--wait-quiet", "0"]
 
 
-def run(tmp_path: Path, configs: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "benchmarks.engine_goal", "--configs", configs, *TINY]
+def run(tmp_path: Path, configs: str, *more: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "benchmarks.engine_goal", "--configs", configs, *TINY, *more]
     command += ["--service-ms", "50", "--json", str(tmp_path / "engine-goal.json")]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180)
 
@@ -53,3 +53,15 @@ def test_the_engine_configuration_says_what_wiring_it_needs(tmp_path: Path) -> N
     else:
         assert done.returncode == 0, done.stderr[-3000:]
         assert "| `engine` |" in done.stdout
+
+
+def test_the_global_configurations_keep_the_queue_within_waiting_max(tmp_path: Path) -> None:
+    """On a redis-server of the run (past its grace period: about 5 s a cell): a global limit
+    of batch + 6, and one following the engine with waiting_max 6 for both processes."""
+    done = run(tmp_path, "fixed-global,engine-global", "--engine-batch-size", "16")
+    assert done.returncode == 0, done.stderr[-3000:]
+    cells = json.loads((tmp_path / "engine-goal.json").read_text())["cells"]
+    assert {cell["config"] for cell in cells} == {"fixed-global", "engine-global"}
+    for cell in cells:
+        assert cell["completed"] == cell["served"] == 100, cell["config"]
+        assert cell["max_waiting"] <= 6, cell["config"]  # at any moment, fleet-wide
