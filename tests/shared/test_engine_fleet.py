@@ -44,6 +44,17 @@ def fleet(
     return [limits(100, engine=signal(engine, **options), **TIMING) for _ in range(processes)]
 
 
+async def read_fleet(
+    limits: Limits, engine: EngineProcess, processes: int, **options: float
+) -> list[SharedLimit]:
+    """`fleet()`, connected, once a first reading sized it (an idle engine: batch + queue)."""
+    made = fleet(limits, engine, processes, **options)
+    for limit in made:
+        await limit.connect()
+    await eventually(lambda: made[0].limit == BATCH + WAITING_MAX, "a first reading", 5)
+    return made
+
+
 def holders(made: list[SharedLimit]) -> list[SharedLimit]:
     return [limit for limit in made if limit._engine is not None and limit._engine.holder]
 
@@ -77,10 +88,7 @@ async def test_one_process_scrapes_for_the_fleet_and_the_size_follows_the_room(
 async def test_a_burst_from_three_processes_keeps_the_engine_queue_within_waiting_max(
     limits: Limits, engine: EngineProcess
 ) -> None:
-    made = fleet(limits, engine, 3)
-    for limit in made:
-        await limit.connect()
-    await eventually(lambda: made[0].limit == BATCH + WAITING_MAX, "a first reading", 5)
+    made = await read_fleet(limits, engine, 3)
     answers: list[int] = []
 
     async def call(limit: SharedLimit, client: httpx.AsyncClient) -> None:
@@ -100,10 +108,7 @@ async def test_a_burst_from_three_processes_keeps_the_engine_queue_within_waitin
 async def test_a_stale_engine_sizes_every_process_to_the_floor_until_it_answers(
     limits: Limits, engine: EngineProcess
 ) -> None:
-    made = fleet(limits, engine, 2)
-    for limit in made:
-        await limit.connect()
-    await eventually(lambda: made[0].limit == BATCH + WAITING_MAX, "a first reading", 5)
+    made = await read_fleet(limits, engine, 2)
     engine.freeze()  # no scrape answers: the reading goes stale
     try:
         await eventually(lambda: made[0].limit == 1, "the floor", 5)
@@ -140,9 +145,7 @@ async def test_the_lease_passes_on_when_its_holder_dies(
 async def test_a_new_holder_starts_from_the_floor_when_the_last_reading_is_stale(
     limits: Limits, engine: EngineProcess
 ) -> None:
-    [limit] = fleet(limits, engine, 1, timeout_seconds=5.0)  # a frozen engine: 5 s a scrape
-    await limit.connect()
-    await eventually(lambda: limit.limit == BATCH + WAITING_MAX, "a first reading", 5)
+    [limit] = await read_fleet(limits, engine, 1, timeout_seconds=5.0)  # frozen: 5 s a scrape
     lease, _ = limit._store.engine_keys
     # Another process takes the lease and dies at once: its last reading goes stale.
     await limit._store._client.set(lease, "gone:1", px=1500)
@@ -192,9 +195,7 @@ async def test_the_local_fallback_of_an_engine_limit_admits_at_most_the_floor(ke
 async def test_a_holder_that_lost_the_lease_sizes_nothing(
     limits: Limits, engine: EngineProcess
 ) -> None:
-    [limit] = fleet(limits, engine, 1, interval_seconds=1.0, stale_after_seconds=5.0)
-    await limit.connect()
-    await eventually(lambda: limit.limit == BATCH + WAITING_MAX, "a first reading", 5)
+    [limit] = await read_fleet(limits, engine, 1, interval_seconds=1.0, stale_after_seconds=5.0)
     redis = limit._store._client
     lease, _ = limit._store.engine_keys
     await redis.set(lease, "other:1", px=5000)  # another process holds it now
