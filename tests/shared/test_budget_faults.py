@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import httpx
 import pytest
 from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencySettings, RouteLimit
+from redis.asyncio.connection import Connection
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -240,6 +242,42 @@ async def test_a_settlement_whose_call_was_sent_and_timed_out_is_charged_once(
     await wait_for(lambda: kept(client, limit)["u"]["t"] == 300, 3.0, "charged")
     await limit._sync.sync()  # a renewal too: nothing more rides on it
     assert kept(client, limit)["u"]["t"] == 300
+
+
+async def test_a_settlement_whose_reply_was_lost_after_it_ran_is_charged_once(
+    on_own: Limits, own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lane's call reached Redis and its connection broke before the reply was read: the
+    lane sends it again on a fresh connection, without the settlement it carried (applied
+    twice, a refund would free budget twice)."""
+    client = own_redis.client()
+    limit, reservation = await _admitted_with_100(on_own, own_redis)
+    client.script_load(scripts.REMOVE)  # (else its first call only loads it)
+    lane = limit._store._lane
+    assert lane is not None
+    lane_call, send = lane.call, Connection.send_packed_command
+    in_lane: set[asyncio.Task[object] | None] = set()
+    broken: list[str] = []
+
+    async def call(*args: Any, **kw: Any) -> Any:
+        in_lane.add(asyncio.current_task())
+        return await lane_call(*args, **kw)
+
+    async def send_then_break(self: Connection, command: bytes, *args: Any, **kw: Any) -> None:
+        await send(self, command, *args, **kw)  # the script runs in Redis...
+        if asyncio.current_task() in in_lane and b"EVALSHA" in command and not broken:
+            broken.append("once")  # ... and the connection breaks before its reply
+            await asyncio.sleep(0.2)  # (Redis has read and run it: an abort drops no input)
+            raise ConnectionError("the connection broke before the reply was read")
+
+    monkeypatch.setattr(lane, "call", call)
+    monkeypatch.setattr(Connection, "send_packed_command", send_then_break)
+    reservation.settle(50)  # 50 under the estimate: a refund of 50
+    await settle(limit)
+    assert broken == ["once"]
+    assert kept(client, limit)["u"]["t"] == 50  # refunded once (twice: 0)
+    limit.release()
+    await settle(limit)
 
 
 def test_the_start_says_a_budgeted_global_limit_refuses_while_redis_is_away(

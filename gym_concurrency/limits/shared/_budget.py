@@ -116,6 +116,13 @@ class SharedBudget:
             with self._lock:
                 self._ops[:0] = ops.split(";")
 
+    @staticmethod
+    def without_ops(argument: str) -> str:
+        """`argument` without the settlements and readings it carries: what a call that may
+        have run is sent again with (applied twice, a refund would free its budget twice;
+        never applied, their estimates stay charged: never over budget)."""
+        return argument.partition("|")[0]
+
     @property
     def pending(self) -> bool:
         """True while settlements or readings wait for a script call."""

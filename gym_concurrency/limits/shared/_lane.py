@@ -6,8 +6,9 @@ About 17 µs of client CPU a call instead of 55-75 µs through `Script.__call__`
 What it cannot do plainly goes the usual way, with the same outcome: a script Redis has not
 loaded (after a restart or a failover: the usual call loads it), a connection that failed or
 that the peer closed (the usual call, on a fresh connection: a script run twice is harmless,
-see `enqueue`), a Redis Cluster client (no single pool). A call that ends before any of it
-was written (no connection could be made) is handed to `unsent`: it never reached Redis.
+see `enqueue`; what it carries that must not run twice, `again` takes out), a Redis Cluster
+client (no single pool). A call that ends before any of it was written (no connection could be
+made) is handed to `unsent`: it never reached Redis.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def _bulk(value: object) -> bytes:
 
 class ScriptLane:
     """Calls `scripts` (name -> redis-py Script of `client`) with `keys`; `unsent(args)` is
-    told of a call that ended before any of it was written."""
+    told of a call that ended before any of it was written; `again(args)` gives the arguments
+    to send again on a fresh connection after a call that may have run."""
 
     def __init__(
         self,
@@ -43,6 +45,7 @@ class ScriptLane:
         scripts: dict[str, Any],
         keys: list[str],
         unsent: Callable[[list[Any]], None] | None = None,
+        again: Callable[[list[Any]], list[Any]] | None = None,
     ) -> None:
         from redis import exceptions
         from redis.asyncio import Redis
@@ -56,6 +59,7 @@ class ScriptLane:
         self._broken: list[Any] = []  # connections a call left mid-reply: given back first
         self._no_script, self._answered = exceptions.NoScriptError, exceptions.ResponseError
         self._unsent = unsent
+        self._again = again
 
     async def call(
         self, name: str, args: list[Any], keys: list[str] | None = None, own: bool = True
@@ -85,6 +89,8 @@ class ScriptLane:
             raise
         except Exception:  # lost, or its transport closed under it: a fresh connection's turn
             self._broken.append(connection)
+            if own and self._again is not None:  # (it may have run: nothing twice)
+                args = self._again(args)
             return await self._usual(name, args, keys)
         except BaseException:  # cancelled (a timeout) mid-call: its reply may still come
             self._broken.append(connection)

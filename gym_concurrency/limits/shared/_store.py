@@ -143,7 +143,9 @@ class RedisStore:
         self._client = self._connection.admissions()
         self._mailbox_client = self._connection.mailbox(RECHECK_SECONDS)
         self._scripts = _register(self._client)
-        self._lane = ScriptLane(self._client, self._scripts, self.keys, unsent=self._unsent)
+        self._lane = ScriptLane(
+            self._client, self._scripts, self.keys, unsent=self._unsent, again=self._again
+        )
 
     def start_blocking(self) -> Any:
         """Make a heartbeat thread's own blocking client and its scripts, used from now on;
@@ -242,6 +244,14 @@ class RedisStore:
         a timeout after it was sent, never comes here: they would be charged twice)."""
         if self.budget is not None:
             self.budget.unsent(args[_BUDGET_ARG])
+
+    def _again(self, args: list[Any]) -> list[Any]:
+        """The arguments of a call the lane sends again after one that may have run."""
+        if self.budget is None:
+            return args
+        again = list(args)
+        again[_BUDGET_ARG] = self.budget.without_ops(args[_BUDGET_ARG])
+        return again
 
     async def _call(
         self,
