@@ -28,7 +28,16 @@ from ..safe_urls import safe_url
 from .fetch import Fetch
 from .gauges import EngineLoad, EngineMetrics, read_load
 
-__all__ = ["EnginePoller", "PollerConfig", "Reading", "end_if_cancelled", "follow", "unfollow"]
+__all__ = [
+    "EnginePoller",
+    "PollerConfig",
+    "Reading",
+    "ScrapeFailed",
+    "end_if_cancelled",
+    "follow",
+    "scrape_load",
+    "unfollow",
+]
 
 _log = logging.getLogger("gym_concurrency.engines")
 
@@ -136,25 +145,13 @@ class EnginePoller:
             await asyncio.sleep(max(0.0, sent + interval - loop.time()))
 
     async def _scrape(self, sent: float) -> None:
-        config = self.config
         base = self._admitted  # admissions made from here on may be missing from this scrape
         try:
-            async with asyncio.timeout(config.timeout_seconds):
-                body = await config.fetch(self.url, config.timeout_seconds, config.max_bytes)
-        except TimeoutError:
-            self._failed(f"GET {safe_url(self.url)}: no answer within {config.timeout_seconds} s")
+            load = await scrape_load(self.url, self.config)
+        except ScrapeFailed as failure:
+            self._failed(str(failure))
             return
-        except Exception as error:  # a Fetch may raise anything; the poller must live on
-            self._failed(str(error) or type(error).__name__)
-            return
-        load = read_load(body, config.metrics, config.max_bytes)
-        if load is None:
-            self._failed(f"a body over the cap of {config.max_bytes} bytes")
-        elif load.waiting is None:
-            names = ", ".join(config.metrics.waiting.names)
-            self._failed(f"no usable {names} in the scrape of {safe_url(self.url)}")
-        else:
-            self.landed(load, sent, base)
+        self.landed(load, sent, base)
 
     def landed(self, load: EngineLoad, sent: float, base: int) -> None:
         """Take `load` as the reading: its scrape was sent at `sent` (loop time), when
@@ -198,6 +195,31 @@ class EnginePoller:
         except Exception:  # one follower's bug must not stop the others or the poller
             _log.exception("engine %s: a listener failed", safe_url(self.url))
         return True
+
+
+class ScrapeFailed(Exception):
+    """A scrape that gave no load; its message says why, as the log says it."""
+
+
+async def scrape_load(url: str, config: PollerConfig) -> EngineLoad:
+    """One scrape of `url` as `config` says: the load it read (a gauge missing from it is
+    None, but for the waiting queue), or ScrapeFailed saying why not."""
+    try:
+        async with asyncio.timeout(config.timeout_seconds):
+            body = await config.fetch(url, config.timeout_seconds, config.max_bytes)
+    except TimeoutError:
+        raise ScrapeFailed(
+            f"GET {safe_url(url)}: no answer within {config.timeout_seconds} s"
+        ) from None
+    except Exception as error:  # a Fetch may raise anything; a poll must live on
+        raise ScrapeFailed(str(error) or type(error).__name__) from error
+    load = read_load(body, config.metrics, config.max_bytes)
+    if load is None:
+        raise ScrapeFailed(f"a body over the cap of {config.max_bytes} bytes")
+    if load.waiting is None:
+        names = ", ".join(config.metrics.waiting.names)
+        raise ScrapeFailed(f"no usable {names} in the scrape of {safe_url(url)}")
+    return load
 
 
 def end_if_cancelled() -> None:

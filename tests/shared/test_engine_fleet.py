@@ -18,6 +18,7 @@ from gym_concurrency.upstream_view import upstream_statistics
 from tests.engines.engine_process import EngineProcess, fake_engine
 from tests.servers import eventually, free_port
 from tests.shared.helpers import Limits
+from tests.shared.redis_server import RedisServer
 
 BATCH, WAITING_MAX = 8, 2
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
@@ -202,3 +203,19 @@ async def test_a_holder_that_lost_the_lease_sizes_nothing(
     assert limit._engine is not None
     assert not await limit._engine._size("set", 3)  # (a scrape that landed late, say)
     assert await redis.get(limit.redis_keys["limit"]) == str(BATCH + WAITING_MAX)
+
+
+async def test_after_a_redis_restart_the_fleet_is_sized_from_a_reading_again(
+    on_own: Limits, own_redis: RedisServer, engine: EngineProcess
+) -> None:
+    """The restarted Redis (no persistence) has no state, lease nor reading: a holder takes
+    the lease again and sizes the limit there from a new reading; admissions go on."""
+    made = await read_fleet(on_own, engine, 2)
+    client = own_redis.client()
+    own_redis.restart(down_seconds=0.5)
+    size = str(BATCH + WAITING_MAX)
+    await eventually(lambda: client.get(made[0].redis_keys["limit"]) == size, "sized again", 15)
+    await eventually(lambda: len(holders(made)) == 1, "one holder again", 5)
+    waiter = made[1].enqueue()  # (after the restart's grace period, at most a lease)
+    assert await asyncio.wait_for(waiter, 15) == "admitted"
+    made[1].release()

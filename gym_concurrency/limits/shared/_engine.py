@@ -30,8 +30,8 @@ import logging
 import time
 from typing import Any, Final
 
-from ...engines.gauges import EngineLoad, read_load
-from ...engines.poller import end_if_cancelled
+from ...engines.gauges import EngineLoad
+from ...engines.poller import ScrapeFailed, end_if_cancelled, scrape_load
 from ...engines.signal import EngineSignal, EngineStatistics
 from ...safe_urls import safe_url
 from ._store import RedisStore
@@ -100,17 +100,14 @@ class FleetEngine:
         await self._scrape()
 
     async def _scrape(self) -> None:
-        config = self.signal.config
-        sent = time.monotonic()
+        url, sent = self.signal.url, time.monotonic()
         try:
-            async with asyncio.timeout(config.timeout_seconds):
-                body = await config.fetch(self.signal.url, config.timeout_seconds, config.max_bytes)
-            load = read_load(body, config.metrics, config.max_bytes)
-            if load is None or load.waiting is None or not self.signal.usable(load):
-                raise ValueError(f"no usable reading in the scrape of {safe_url(self.signal.url)}")
-        except Exception as error:  # a Fetch may raise anything; the turns must go on
-            end_if_cancelled()
-            await self._failed(str(error) or type(error).__name__)
+            load = await scrape_load(url, self.signal.config)
+            if not self.signal.usable(load):
+                raise ScrapeFailed(f"no cache or running gauge in the scrape of {safe_url(url)}")
+        except ScrapeFailed as failure:
+            end_if_cancelled()  # (a cancellation a timeout turned into a failure)
+            await self._failed(str(failure))
             return
         room = self.signal.room(load)  # (None: the cache is full: none until it empties)
         kept, elapsed = (
