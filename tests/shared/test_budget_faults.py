@@ -9,8 +9,10 @@ of issue 35; each defect's test failed before its fix, and two guard what must n
 - a waiter whose own deadline passes behind a waiter the budget holds up ends "deadline"
   (it ended "budget"); one ended by the limit's timeout ends "budget";
 - a settlement whose call never reached Redis (no connection could be made) goes with a later
-  call (it was lost: an overrun never charged); one whose call was sent and timed out is not
-  sent again (charged once).
+  call (it was lost: an overrun never charged); one whose call was sent and timed out, or
+  whose reply was lost after it ran, goes again and is applied once (a refund was applied
+  twice); one sent again after its call broke before Redis read it is applied (it was lost);
+  one that redis-py's own retry sends twice is applied once.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencySettings, RouteLimit
+from redis import exceptions as redis_errors
 from redis.asyncio.connection import Connection
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -248,8 +251,8 @@ async def test_a_settlement_whose_reply_was_lost_after_it_ran_is_charged_once(
     on_own: Limits, own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The lane's call reached Redis and its connection broke before the reply was read: the
-    lane sends it again on a fresh connection, without the settlement it carried (applied
-    twice, a refund would free budget twice)."""
+    lane sends it again on a fresh connection, with the settlement it carried, which Redis
+    applies once (applied twice, a refund would free budget twice)."""
     client = own_redis.client()
     limit, reservation = await _admitted_with_100(on_own, own_redis)
     client.script_load(scripts.REMOVE)  # (else its first call only loads it)
@@ -302,3 +305,62 @@ def test_the_start_says_a_budgeted_global_limit_refuses_while_redis_is_away(
     said = {r.getMessage() for r in caplog.records if "cannot be reached" in r.getMessage()}
     assert any("'budgeted'" in line and "are refused until" in line for line in said), said
     assert any("'slots'" in line and "are local until" in line for line in said), said
+
+
+async def test_a_refund_whose_call_broke_before_redis_read_it_goes_with_the_call_sent_again(
+    on_own: Limits, own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lane's connection broke before Redis read the call: the call sent again on a fresh
+    connection carries the refund, applied (it went without it, and the refund was lost)."""
+    client = own_redis.client()
+    limit, reservation = await _admitted_with_100(on_own, own_redis)
+    client.script_load(scripts.REMOVE)  # (else its first call only loads it)
+    send = Connection.send_packed_command
+    broken: list[str] = []
+
+    async def break_before(self: Connection, command: Any, *args: Any, **kw: Any) -> None:
+        if isinstance(command, bytes) and b"EVALSHA" in command and not broken:
+            broken.append("once")  # (the lane's own packed call: nothing of it is sent)
+            raise ConnectionError("the connection broke before the call was sent")
+        await send(self, command, *args, **kw)
+
+    monkeypatch.setattr(Connection, "send_packed_command", break_before)
+    reservation.settle(50)  # a refund of 50
+    await settle(limit)
+    assert broken == ["once"]
+    assert kept(client, limit)["u"]["t"] == 50  # refunded (lost: 100)
+    limit.release()
+    await settle(limit)
+
+
+async def test_a_settlement_redis_py_sends_twice_is_applied_once(
+    on_own: Limits, own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script Redis lost goes redis-py's way (NOSCRIPT, load, run), where redis-py's own
+    retry sends a call whose reply was lost once more, settlements and all: Redis applies
+    them once."""
+    client = own_redis.client()
+    limit, reservation = await _admitted_with_100(on_own, own_redis)
+    client.script_flush()
+    send = Connection.send_packed_command
+    loaded: list[str] = []
+    broken: list[str] = []
+
+    async def send_then_break(self: Connection, command: Any, *args: Any, **kw: Any) -> None:
+        await send(self, command, *args, **kw)
+        packed = command if isinstance(command, bytes) else b"".join(command)
+        if b"LOAD" in packed:
+            loaded.append("loaded")
+        elif loaded and b"EVALSHA" in packed and not broken:
+            broken.append("once")  # the script ran; its reply is lost, as redis-py says it
+            await asyncio.sleep(0.2)
+            raise redis_errors.ConnectionError("Connection closed by server.")
+
+    monkeypatch.setattr(Connection, "send_packed_command", send_then_break)
+    reservation.settle(50)  # a refund of 50
+    await settle(limit)
+    await wait_for(lambda: limit.connected, 5.0, "Redis answers")
+    assert broken == ["once"]
+    limit.release()
+    await settle(limit)
+    assert kept(client, limit)["u"]["t"] == 50  # refunded once (twice: 0)

@@ -18,6 +18,7 @@ rate_window.py does in a process. Redis's clock meters the minute for every proc
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -88,7 +89,9 @@ class SharedBudget:
         )
         self._wake = wake
         self._lock = threading.Lock()  # the ops: the event loop and the heartbeat thread
-        self._ops: list[str] = []
+        self._ops: list[str] = []  # settlements and readings not sent yet
+        self._batches: list[str] = []  # batches a call that failed gave back, oldest first
+        self._batch_ids = itertools.count(1)
         self._reserved = dict.fromkeys(self.limits, 0)
         self._refunded = dict.fromkeys(self.limits, 0)
         self._remaining = dict(self.limits)
@@ -100,33 +103,30 @@ class SharedBudget:
 
     def argument(self, sending: bool) -> str:
         """The scripts' budget argument: the sizes, then (`sending`: Redis answers) the
-        settlements and readings not sent yet, taken (a call that fails may have run: they
-        are not sent again, unless it never reached Redis, `unsent`; docs/rate-budgets.md)."""
-        if not sending or not self._ops:
+        batches of settlements and readings waiting, taken. Each batch carries an id, and
+        Redis applies a batch once whichever call carries it (lua/budget.lua), so a call
+        that failed, whether or not it ran, gives its batches back (`give_back`)."""
+        if not sending or not (self._ops or self._batches):
             return self._spec
         with self._lock:
-            ops, self._ops = self._ops, []
-        return f"{self._spec}|{';'.join(ops)}"
+            batches, self._batches = self._batches, []
+            if self._ops:
+                batches.append(f"#{next(self._batch_ids)};{';'.join(self._ops)}")
+                self._ops = []
+        return f"{self._spec}|{';'.join(batches)}"
 
-    def unsent(self, argument: str) -> None:
-        """A call that carried `argument` failed before any of it reached Redis: its
-        settlements and readings go with a later call, ahead of those taken since."""
-        ops = argument.partition("|")[2]
-        if ops:
+    def give_back(self, argument: str) -> None:
+        """A call that carried `argument` failed (it may have run, or never reached Redis):
+        its batches go with a later call, ahead of those taken since."""
+        batches = argument.partition("|")[2]
+        if batches:
             with self._lock:
-                self._ops[:0] = ops.split(";")
-
-    @staticmethod
-    def without_ops(argument: str) -> str:
-        """`argument` without the settlements and readings it carries: what a call that may
-        have run is sent again with (applied twice, a refund would free its budget twice;
-        never applied, their estimates stay charged: never over budget)."""
-        return argument.partition("|")[0]
+                self._batches.insert(0, batches)
 
     @property
     def pending(self) -> bool:
         """True while settlements or readings wait for a script call."""
-        return bool(self._ops)
+        return bool(self._ops or self._batches)
 
     def seen(self, reading: BudgetReading | None) -> None:
         """The newest answer's figures (called under the store's lock, newest first)."""

@@ -6,14 +6,12 @@ About 17 µs of client CPU a call instead of 55-75 µs through `Script.__call__`
 What it cannot do plainly goes the usual way, with the same outcome: a script Redis has not
 loaded (after a restart or a failover: the usual call loads it), a connection that failed or
 that the peer closed (the usual call, on a fresh connection: a script run twice is harmless,
-see `enqueue`; what it carries that must not run twice, `again` takes out), a Redis Cluster
-client (no single pool). A call that ends before any of it was written (no connection could be
-made) is handed to `unsent`: it never reached Redis.
+see `enqueue`, and Redis applies a batch of settlements once, see lua/budget.lua), a Redis
+Cluster client (no single pool).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 __all__ = ["ScriptLane"]
@@ -35,17 +33,13 @@ def _bulk(value: object) -> bytes:
 
 
 class ScriptLane:
-    """Calls `scripts` (name -> redis-py Script of `client`) with `keys`; `unsent(args)` is
-    told of a call that ended before any of it was written; `again(args)` gives the arguments
-    to send again on a fresh connection after a call that may have run."""
+    """Calls `scripts` (name -> redis-py Script of `client`) with `keys`."""
 
     def __init__(
         self,
         client: Any,
         scripts: dict[str, Any],
         keys: list[str],
-        unsent: Callable[[list[Any]], None] | None = None,
-        again: Callable[[list[Any]], list[Any]] | None = None,
     ) -> None:
         from redis import exceptions
         from redis.asyncio import Redis
@@ -58,25 +52,15 @@ class ScriptLane:
         self._free: list[Any] = []  # connections kept, idle
         self._broken: list[Any] = []  # connections a call left mid-reply: given back first
         self._no_script, self._answered = exceptions.NoScriptError, exceptions.ResponseError
-        self._unsent = unsent
-        self._again = again
 
-    async def call(
-        self, name: str, args: list[Any], keys: list[str] | None = None, own: bool = True
-    ) -> Any:
+    async def call(self, name: str, args: list[Any], keys: list[str] | None = None) -> Any:
         """Run script `name` with `args` and `keys` (default the limit's; the same for every
-        call of `name`); its raw reply. `unsent` is told of an `own` call: one with the
-        limit's common arguments (a script beside the limit's state has its own)."""
+        call of `name`); its raw reply."""
         if self._pool is None:
             return await self._usual(name, args, keys)
-        try:
-            if self._broken:
-                await self._give_back_broken()
-            connection = await self._connection()
-        except BaseException:  # nothing of the call was written, whatever ended it
-            if self._unsent is not None and own:
-                self._unsent(args)
-            raise
+        if self._broken:
+            await self._give_back_broken()
+        connection = await self._connection()
         try:
             packed = self._packed(name, args, self._keys if keys is None else keys)
             await connection.send_packed_command(packed, check_health=False)
@@ -89,8 +73,6 @@ class ScriptLane:
             raise
         except Exception:  # lost, or its transport closed under it: a fresh connection's turn
             self._broken.append(connection)
-            if own and self._again is not None:  # (it may have run: nothing twice)
-                args = self._again(args)
             return await self._usual(name, args, keys)
         except BaseException:  # cancelled (a timeout) mid-call: its reply may still come
             self._broken.append(connection)

@@ -143,9 +143,7 @@ class RedisStore:
         self._client = self._connection.admissions()
         self._mailbox_client = self._connection.mailbox(RECHECK_SECONDS)
         self._scripts = _register(self._client)
-        self._lane = ScriptLane(
-            self._client, self._scripts, self.keys, unsent=self._unsent, again=self._again
-        )
+        self._lane = ScriptLane(self._client, self._scripts, self.keys)
 
     def start_blocking(self) -> Any:
         """Make a heartbeat thread's own blocking client and its scripts, used from now on;
@@ -226,7 +224,7 @@ class RedisStore:
         assert self._lane is not None, "start() makes the lane"
         try:
             async with asyncio.timeout(self._redis_timeout):
-                return await self._lane.call(script, args, keys, own=False)
+                return await self._lane.call(script, args, keys)
         except self.failures:
             raise
         except Exception as error:
@@ -238,20 +236,11 @@ class RedisStore:
         budget = "" if self.budget is None else self.budget.argument(not self.down)
         return [self.mailbox_prefix, self.lease_ms, self.limit, self.proc, contacted, budget, *args]
 
-    def _unsent(self, args: list[Any]) -> None:
-        """A call of the lane with `args` failed before any of it was written to Redis: the
-        settlements and readings it carried go with a later call (one that may have run,
-        a timeout after it was sent, never comes here: they would be charged twice)."""
+    def _give_back(self, sent: list[Any]) -> None:
+        """A call sent with `sent` failed: the settlements and readings it carried go with a
+        later call (Redis applies each batch once, if this one ran too)."""
         if self.budget is not None:
-            self.budget.unsent(args[_BUDGET_ARG])
-
-    def _again(self, args: list[Any]) -> list[Any]:
-        """The arguments of a call the lane sends again after one that may have run."""
-        if self.budget is None:
-            return args
-        again = list(args)
-        again[_BUDGET_ARG] = self.budget.without_ops(args[_BUDGET_ARG])
-        return again
+            self.budget.give_back(sent[_BUDGET_ARG])
 
     async def _call(
         self,
@@ -261,22 +250,26 @@ class RedisStore:
         keys: list[str] | None = None,
     ) -> _R:
         assert self._lane is not None, "start() makes the lane"
+        sent = self._args(args)
         try:
             async with asyncio.timeout(self._redis_timeout):
-                raw: list[Any] = await self._lane.call(script, self._args(args), keys)
-        except self.failures:
+                raw: list[Any] = await self._lane.call(script, sent, keys)
+        except BaseException as error:  # (a timeout, a cancellation: it may have run)
+            self._give_back(sent)
+            if isinstance(error, Exception) and not isinstance(error, self.failures):
+                raise _client_failed(error) from error
             raise
-        except Exception as error:
-            raise _client_failed(error) from error
         return self._answered(unpack(raw))
 
     def _call_blocking(self, script: str, args: list[Any], unpack: Callable[[list[Any]], _R]) -> _R:
+        sent = self._args(args)
         try:
-            raw: list[Any] = self._blocking_scripts[script](keys=self.keys, args=self._args(args))
-        except self.failures:
+            raw: list[Any] = self._blocking_scripts[script](keys=self.keys, args=sent)
+        except BaseException as error:
+            self._give_back(sent)
+            if isinstance(error, Exception) and not isinstance(error, self.failures):
+                raise _client_failed(error) from error
             raise
-        except Exception as error:
-            raise _client_failed(error) from error
         return self._answered(unpack(raw))
 
     def _state_gone(self) -> None:

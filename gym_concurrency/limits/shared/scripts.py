@@ -36,6 +36,7 @@ Keys, all under one hash tag so that they live in one cluster slot (`KEYS` order
                  (see below), while the lease is held
 13. `budget`     HASH `<budget><second>` -> charged, `m`: the budgets' window (budget.lua)
 14. `bgrant`     ZSET `<proc>:<n>` -> the second charged, for waiters granted from the queue
+                 and `o<proc>:<batch>` -> the second applied, for batches of settlements
 15. `mbox:<proc>` LIST of lease ids granted to process `<proc>` (its waiters are woken by
                  BLPOP); the key is the common `ARGV[1]` prefix plus the process id
 

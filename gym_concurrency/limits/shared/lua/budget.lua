@@ -3,7 +3,13 @@
 -- Nothing here runs for a limit without budgets (ARGV[6] empty).
 --
 -- ARGV[6] is `<sizes>|<ops>`: sizes "T,R,I,O" (tokens, requests, input tokens, output
--- tokens a minute; 0: not configured), and ops separated by ';', applied first:
+-- tokens a minute; 0: not configured), and ops separated by ';', applied first, in batches:
+--   `#<id>`                      starts batch `<id>` of this process: applied once, whichever
+--                                call carries it (a call sent again after its reply was lost,
+--                                redis-py's own retry, a batch a failed call gave back); the
+--                                batches applied are kept in `bgrant` as `o<proc>:<id>` for
+--                                61 to 62 s (a batch later than that: its refunds find their
+--                                second out of the window; its overruns would charge twice)
 --   `<ref>=<dt>,<dr>,<di>,<do>`  a settlement: per budget a refund (< 0) taken back from the
 --                                second charged (while counted, at most what it holds) or an
 --                                overrun (> 0) charged now; `<ref>` the second charged, or
@@ -228,27 +234,37 @@ local function settle_one(k, deltas)
   end
 end
 
--- Apply the settlements and readings this call carries.
+-- Apply one settlement or reading.
+local function budget_op(op)
+  local ref, rest = string.match(op, '^([^=]+)=(.*)$')
+  local values = {}
+  for v in string.gmatch(rest or '', '(-?%d+)') do values[#values + 1] = v end
+  if string.sub(ref, 1, 1) == '!' then
+    local code = string.sub(ref, 2)
+    local observed, reset = real - tonumber(values[3]), real + tonumber(values[2])
+    local w = word(code)
+    if B.size[code] and reset > real and not (w and observed < w[3]) then
+      B.w[code] = {tonumber(values[1]), reset, observed, 0}
+    end
+  elseif string.sub(ref, 1, 1) == 'g' then
+    local handle = string.sub(ref, 2)
+    local k = tonumber(redis.call('ZSCORE', K_BGRANT, handle))
+    redis.call('ZREM', K_BGRANT, handle)
+    settle_one(k, values)
+  else
+    settle_one(tonumber(ref), values)
+  end
+end
+
+-- Apply the settlements and readings this call carries, each batch once.
 local function budget_ops()
   if B_OPS == '' or not budget() then return end
+  local new = true  -- (the batch of the ops read now was not applied before)
   for op in string.gmatch(B_OPS, '[^;]+') do
-    local ref, rest = string.match(op, '^([^=]+)=(.*)$')
-    local values = {}
-    for v in string.gmatch(rest or '', '(-?%d+)') do values[#values + 1] = v end
-    if string.sub(ref, 1, 1) == '!' then
-      local code = string.sub(ref, 2)
-      local observed, reset = real - tonumber(values[3]), real + tonumber(values[2])
-      local w = word(code)
-      if B.size[code] and reset > real and not (w and observed < w[3]) then
-        B.w[code] = {tonumber(values[1]), reset, observed, 0}
-      end
-    elseif string.sub(ref, 1, 1) == 'g' then
-      local handle = string.sub(ref, 2)
-      local k = tonumber(redis.call('ZSCORE', K_BGRANT, handle))
-      redis.call('ZREM', K_BGRANT, handle)
-      settle_one(k, values)
-    else
-      settle_one(tonumber(ref), values)
+    if string.sub(op, 1, 1) == '#' then
+      new = redis.call('ZADD', K_BGRANT, 'NX', B.n, 'o' .. PROC .. ':' .. string.sub(op, 2)) == 1
+    elseif new then
+      budget_op(op)
     end
   end
   B_SLOTS = nil
@@ -277,7 +293,10 @@ local function budget_save()
   end
   if B.moved then fields[#fields + 1], fields[#fields + 2] = 'm', B.n end
   if #fields > 0 then redis.call('HSET', K_BUDGET, unpack(fields)) end
-  if B.moved then redis.call('PEXPIRE', K_BUDGET, 62000 + TTL) end
+  if B.moved then
+    redis.call('PEXPIRE', K_BUDGET, 62000 + TTL)
+    redis.call('PEXPIRE', K_BGRANT, 62000 + TTL)  -- (what it holds leaves within 62 s)
+  end
   local remaining, reported = {}, {}
   for _, code in ipairs(B.codes) do
     local left = B.size[code] - B.u[code]
