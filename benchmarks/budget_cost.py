@@ -7,7 +7,11 @@ ever refuse (so every admission reserves and closes a reservation, and none wait
 budget), and, where the caller settles, through `hold()` with a usage:
 
 - uncontended: `async with sem: pass` in one task, every acquire finds a free slot;
-- contended: 64 tasks on 8 slots, the body awaits once (core.py's 1b).
+- contended: 64 tasks on 8 slots, the body awaits once (core.py's 1b);
+- request: a chat completion through the middleware in process (ASGI, no network), the
+  route's tokens estimated from its JSON body and settled from the usage its answer reports
+  (what a budget adds: the body and the answer read as they pass), against the same route
+  without a budget.
 
 The design's goal is a budgeted admission within 1.3x the same admission without.
 """
@@ -23,6 +27,9 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the project root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fastapi import FastAPI, Request
+from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencySettings, RouteLimit
 
 from benchmarks._timing import Case, Settings, compare, markdown_table, now_ns
 from benchmarks.core import contended, machine, metered, uncontended
@@ -55,7 +62,65 @@ def uncontended_settled(make: Callable[[int], MeteredSemaphore]) -> Callable[[in
     return run
 
 
-# core.py's `async with` benchmarks, on one slot and on 8 (64 tasks).
+CHAT = json.dumps(
+    {"messages": [{"role": "user", "content": "x" * 396}], "max_tokens": 200}
+).encode()  # (100 tokens of prompt at 4 characters a token)
+SCOPE = {
+    "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+    "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+    "root_path": "", "query_string": b"", "server": ("bench", 80), "client": ("127.0.0.1", 1),
+    "headers": [(b"host", b"bench"), (b"content-type", b"application/json")],
+}  # fmt: skip
+
+
+def chat_app(budgeted: bool) -> ConcurrencyLimitMiddleware:
+    """A chat route answering its usage, limited (never binding), with or without a budget."""
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def completions(request: Request) -> dict[str, object]:
+        await request.body()
+        return {"choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": 20}}
+
+    budget: dict[str, object] = {}
+    if budgeted:  # (the estimate's rule needs a token budget)
+        budget = {
+            "tokens_per_minute": LARGE,
+            "requests_per_minute": LARGE,
+            "tokens": "openai_tokens",
+        }
+    route = RouteLimit(
+        path="/v1/chat/completions", limit_name="chat", max_concurrent=1_000_000, **budget
+    )
+    settings = ConcurrencySettings(component=f"budget-cost-{budgeted}", routes=[route])
+    return ConcurrencyLimitMiddleware(app, settings=settings)
+
+
+def requests(budgeted: bool) -> Callable[[int], Awaitable[int]]:
+    """n sequential chat completions through `chat_app(budgeted)`; every one must answer 200."""
+    app = chat_app(budgeted)
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": CHAT, "more_body": False}
+
+    async def run(n: int) -> int:
+        statuses: list[int] = []
+
+        async def send(message: dict[str, object]) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(int(message["status"]))  # type: ignore[call-overload]
+
+        started = now_ns()
+        for _ in range(n):
+            await app(dict(SCOPE), receive, send)
+        elapsed = now_ns() - started
+        assert statuses == [200] * n, "every request must succeed"
+        return elapsed
+
+    return run
+
+
+# core.py's `async with` benchmarks, on one slot and on 8 (64 tasks); a request in process.
 BENCHMARKS = {
     "uncontended": (
         "Uncontended `async with`, one slot: with a budget vs without",
@@ -70,6 +135,13 @@ BENCHMARKS = {
         lambda: [
             Case("without a budget", contended(metered)),
             Case("with a budget", contended(budgeted)),
+        ],
+    ),
+    "request": (
+        "A chat completion through the middleware in process: with a budget vs without",
+        lambda: [
+            Case("without a budget", requests(False)),
+            Case("with a budget", requests(True)),
         ],
     ),
 }
@@ -88,8 +160,9 @@ async def main(argv: list[str] | None = None) -> int:
         settings = Settings(rounds=args.rounds, min_round_ns=settings.min_round_ns)
     print(f"<!-- {machine()}; rounds={settings.rounds} -->\n", flush=True)
     raw = []
-    for title, cases in BENCHMARKS.values():
-        comparison = await compare(title, cases(), settings, unit="acquire")
+    for name, (title, cases) in BENCHMARKS.items():
+        unit = "request" if name == "request" else "acquire"
+        comparison = await compare(title, cases(), settings, unit=unit)
         print(markdown_table(comparison, {"with a budget": TARGET}), "\n", flush=True)
         raw.append(comparison.to_json())
     if args.json:
