@@ -33,6 +33,7 @@ from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencySe
 
 from benchmarks._timing import Case, Settings, compare, markdown_table, now_ns
 from benchmarks.core import contended, machine, metered, uncontended
+from benchmarks.middleware_inprocess import driver
 from gym_concurrency import MeteredSemaphore
 from gym_concurrency.limits.rate_budget import RateBudget
 
@@ -98,25 +99,7 @@ def chat_app(budgeted: bool) -> ConcurrencyLimitMiddleware:
 
 def requests(budgeted: bool) -> Callable[[int], Awaitable[int]]:
     """n sequential chat completions through `chat_app(budgeted)`; every one must answer 200."""
-    app = chat_app(budgeted)
-
-    async def receive() -> dict[str, object]:
-        return {"type": "http.request", "body": CHAT, "more_body": False}
-
-    async def run(n: int) -> int:
-        statuses: list[int] = []
-
-        async def send(message: dict[str, object]) -> None:
-            if message["type"] == "http.response.start":
-                statuses.append(int(message["status"]))  # type: ignore[call-overload]
-
-        started = now_ns()
-        for _ in range(n):
-            await app(dict(SCOPE), receive, send)
-        elapsed = now_ns() - started
-        assert statuses == [200] * n, "every request must succeed"
-        return elapsed
-
+    run: Callable[[int], Awaitable[int]] = driver(chat_app(budgeted), SCOPE, CHAT)
     return run
 
 

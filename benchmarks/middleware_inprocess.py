@@ -68,11 +68,12 @@ def make_app(limited: bool, meter_provider: Any = None) -> FastAPI:
     return app
 
 
-def driver(app: Any) -> Any:
-    """run(n): n sequential POST /run calls through `app`; returns the ns they took."""
+def driver(app: Any, scope: dict[str, Any] = SCOPE, body: bytes = b"") -> Any:
+    """run(n): n sequential calls of `scope` (POST /run) with `body` through `app`; returns
+    the ns they took. Every one must answer 200."""
 
     async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
+        return {"type": "http.request", "body": body, "more_body": False}
 
     statuses: list[int] = []
 
@@ -84,7 +85,7 @@ def driver(app: Any) -> Any:
         statuses.clear()
         started = now_ns()
         for _ in range(n):
-            await app(dict(SCOPE), receive, send)
+            await app(dict(scope), receive, send)
         elapsed = now_ns() - started
         assert statuses == [200] * n, "every request must succeed"
         return elapsed
