@@ -118,7 +118,7 @@ class QueuedAdmission:
         try:
             outcome, reservation = await self._wait(route, waiter, queued)
             if outcome == "admitted":
-                await self._run(app, route, scope, queued, send, ask, reservation)
+                await self._run(app, route, scope, queued.receive, send, ask, reservation)
             elif outcome == "cancelled":
                 return  # the client left: nothing is sent
             elif isinstance(queued, QueuedRequest):
@@ -181,12 +181,27 @@ class QueuedAdmission:
             wait_ms = (perf_counter() - started) * 1000.0
             self.recorder.record(histogram, wait_ms, attributes)
 
+    async def admitted_at_once(
+        self,
+        app: ASGIApp,
+        route: LimitedRoute,
+        waiter: asyncio.Future[Admission],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        ask: Ask,
+    ) -> None:
+        """Serve a request whose `waiter` was admitted as it joined (with its reservation):
+        nothing to wait for, so nothing reads the client on the app's behalf."""
+        reservation = route.limit.settle(waiter)  # (no await since it was granted)
+        await self._run(app, route, scope, receive, send, ask, reservation)
+
     async def _run(
         self,
         app: ASGIApp,
         route: LimitedRoute,
         scope: Scope,
-        queued: QueuedRequest | QueuedWebsocket,
+        receive: Receive,
         send: Send,
         ask: Ask,
         reservation: BudgetReservation | None,
@@ -194,10 +209,10 @@ class QueuedAdmission:
         try:
             budget = budget_of(route.limit) if reservation is not None else None
             if budget is None or reservation is None:
-                await app(scope, queued.receive, send)
+                await app(scope, receive, send)
             else:
                 settlement = Settlement(budget, reservation)
-                await run_settled(app, scope, queued.receive, send, settlement)
+                await run_settled(app, scope, receive, send, settlement)
         finally:
             route.limit.release(*ask)
 
