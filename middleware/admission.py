@@ -199,7 +199,7 @@ class ConcurrencyLimitMiddleware:
         elif result is not None and result != "admitted" and scope["type"] == "http":
             self._record_no_wait(route, result)  # refused as it arrived
             await self._queued.refuse_at_once(route, result, receive, send, tokens)
-        else:  # it waits (read the client meanwhile), or was admitted with its reservation
+        else:  # it waits (read the client meanwhile), or a websocket admitted at once
             await self._queued(app, route, waiter, scope, receive, send, asked, tokens)
 
     def _record_no_wait(self, route: LimitedRoute, outcome: str) -> None:
