@@ -193,13 +193,10 @@ class ConcurrencyLimitMiddleware:
         else:
             waiter = limit.enqueue(weight, flow, deadline)
         result = waiter.result() if waiter.done() else None
-        if result == "admitted" and scope["type"] == "http":  # with its reservation, at once
-            self._record_no_wait(route, "admitted")
-            await self._queued.admitted_at_once(app, route, waiter, scope, receive, send, asked)
-        elif result is not None and result != "admitted" and scope["type"] == "http":
+        if result is not None and result != "admitted" and scope["type"] == "http":
             self._record_no_wait(route, result)  # refused as it arrived
             await self._queued.refuse_at_once(route, result, receive, send, tokens)
-        else:  # it waits (read the client meanwhile), or a websocket admitted at once
+        else:  # it waits (read the client meanwhile), or was admitted with its reservation
             await self._queued(app, route, waiter, scope, receive, send, asked, tokens)
 
     def _record_no_wait(self, route: LimitedRoute, outcome: str) -> None:

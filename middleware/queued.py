@@ -109,6 +109,12 @@ class QueuedAdmission:
         """Serve a connection queued on `route` as `waiter` (from `route.limit.enqueue()`, with
         `ask`'s weight and flow, and `tokens` of its upstream's budget): admitted, `app` runs
         holding what it asked for, its reservation settled from the response."""
+        if scope["type"] == "http" and waiter.done() and waiter.result() == "admitted":
+            # Admitted as it joined: nothing to wait for, so nothing reads the client for it.
+            self._record(route, "admitted", perf_counter())
+            reservation = route.limit.settle(waiter)
+            await self._run(app, route, scope, receive, send, ask, reservation)
+            return
         if scope["type"] == "http":
             queued: QueuedRequest | QueuedWebsocket = QueuedRequest(
                 receive, self.max_body_bytes, self.bodies
@@ -180,21 +186,6 @@ class QueuedAdmission:
         if histogram is not None and attributes is not None:
             wait_ms = (perf_counter() - started) * 1000.0
             self.recorder.record(histogram, wait_ms, attributes)
-
-    async def admitted_at_once(
-        self,
-        app: ASGIApp,
-        route: LimitedRoute,
-        waiter: asyncio.Future[Admission],
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        ask: Ask,
-    ) -> None:
-        """Serve a request whose `waiter` was admitted as it joined (with its reservation):
-        nothing to wait for, so nothing reads the client on the app's behalf."""
-        reservation = route.limit.settle(waiter)  # (no await since it was granted)
-        await self._run(app, route, scope, receive, send, ask, reservation)
 
     async def _run(
         self,
