@@ -177,13 +177,15 @@ async def test_a_pause_longer_than_the_lease_loses_no_slot_and_leaves_no_phantom
     on_own: Limits, own_redis: RedisServer
 ) -> None:
     client = own_redis.client()
-    a = on_own(3, lease_seconds=1.2, redis_timeout=0.3)
+    # A call may take a while on a loaded machine: a second to answer, still well inside
+    # the lease, which the pause outlasts.
+    a = on_own(3, lease_seconds=2.4, redis_timeout=1.0)
     for _ in range(3):
         assert await a.enqueue() == "admitted"
     own_redis.pause()
     await asyncio.sleep(0.3)
     a.release()  # given back during the outage
-    await asyncio.sleep(1.5)  # every lease's deadline passes while Redis is stopped
+    await asyncio.sleep(2.5)  # every lease's deadline passes while Redis is stopped
     own_redis.resume()
     await back(a)
     await settle(a)
