@@ -44,7 +44,9 @@ def test_the_deadlines_benchmark_runs(tmp_path: Path) -> None:
     for name, row in summary.items():
         assert row["admitted"] > 0, name
         assert 0 <= row["in_deadline_fraction_of_best"] <= 1.1, (name, row)
-        assert 90 <= row["service_mean_ms"] <= 150, (name, row)  # the handler sleeps 100 ms
+        # The handler sleeps 100 ms; a loaded machine adds up to 120 ms (163-222 ms seen), still
+        # far from the 2-s wait a time counted from arrival would add.
+        assert 90 <= row["service_mean_ms"] <= 300, (name, row)
         for low, high in (("ok_p50_ms", "ok_p99_ms"), ("refused_p50_ms", "refused_p99_ms")):
             if row[low] is not None and row[high] is not None:
                 assert 0 <= row[low] <= row[high], (name, low, row)
