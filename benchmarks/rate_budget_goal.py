@@ -14,6 +14,9 @@ would have:
                    ignored: call sizes vary 160x)
     budget-global  tokens_per_minute=--tpm, requests_per_minute=--rpm, tokens=openai_tokens,
                    scope global on a redis-server of this run (--slots x processes slots)
+    budget-backfill  budget-global with backfill_seconds=--backfill (10): while the budget
+                   alone holds the oldest call back, lighter ones that fit pass it, never
+                   making it wait more than that past the moment the budget would take it
     budget-local   each process 1/processes of the budget, --slots slots, scope process
 
 Configurations run one after another (a fresh provider each; the order rotates over
@@ -23,20 +26,21 @@ over the whole run), calls completed and failed, p50 / p95 latency of the comple
 The budget configurations need issue 35's wiring: without it they stop before anything
 starts, saying what is missing.
 
-`--faults` (with `--configs budget-global` alone) injects three faults at 25 %, 50 % and 75 %
-of `--seconds`: kill -9 of one client process (a replacement with the same arguments, but the
-seconds left, starts at once, as a supervisor would restart a replica: 4 processes keep
-calling and a newcomer joins a budget already spent), a restart of the redis-server on the
-same port (stopped and started: no persistence, its state lost) and key loss (every key of the
-limit deleted while it runs). The provider then meters `--provider-factor` (2) x the budget,
-so that what the budget lets through is served and counted, not refused. Reported besides:
+`--faults` (with `--configs budget-global` or `budget-backfill` alone) injects three faults
+at 25 %, 50 % and 75 % of `--seconds`: kill -9 of one client process (a replacement with the
+same arguments, but the seconds left, starts at once, as a supervisor would restart a
+replica: 4 processes keep calling and a newcomer joins a budget already spent), a restart of
+the redis-server on the same port (stopped and started: no persistence, its state lost) and
+key loss (every key of the limit deleted while it runs). The provider then meters
+`--provider-factor` (2) x the budget, so that what the budget lets through is served and
+counted, not refused. Reported besides:
 the most tokens and requests the provider served in any 60-s window (sliding, from its
 `GET /calls`), each / the budget, the overshoot (max(0, most / budget - 1), the worse of the
 two; goal <= 0.02), when each fault happened and what followed it.
 
     .venvs/3.11/bin/python -m benchmarks.rate_budget_goal [--configs fixed,aimd,budget-global,
-        budget-local] [--seconds 300] [--rounds 1] [--label NAME] [--source TREE] [--quick]
-        [--faults [--provider-factor 2]]
+        budget-backfill,budget-local] [--seconds 300] [--rounds 1] [--label NAME]
+        [--source TREE] [--quick] [--faults [--provider-factor 2]] [--backfill 10]
 
 `--source TREE` measures another checkout's library (a merge of issue 35's branches, say)
 without installing it (benchmarks/_source.py); the clients check that nothing else loaded.
@@ -84,10 +88,20 @@ from benchmarks._shared_cost_redis import LocalRedis
 from benchmarks._source import PROJECT_ROOT, use_source_tree
 from benchmarks.overload import load_average
 
-CONFIGS = ("fixed", "aimd", "budget-global", "budget-local")
+CONFIGS = ("fixed", "aimd", "budget-global", "budget-backfill", "budget-local")
+GLOBAL_CONFIGS = ("budget-global", "budget-backfill")  # a budget shared on a Redis of the run
 BUDGET_FIELDS = ("tokens_per_minute", "requests_per_minute", "tokens")
 GOALS = {"budget_global_429": 0, "budget_global_quota_used": 0.95}
-SETTINGS = ("seconds", "rounds", "processes", "callers", "slots", "tpm", "rpm")  # in the JSON
+SETTINGS = (
+    "seconds",
+    "rounds",
+    "processes",
+    "callers",
+    "slots",
+    "tpm",
+    "rpm",
+    "backfill",
+)  # in the JSON
 CLIENT = "benchmarks._rate_budget_client"
 FAULT_GOALS = {"budget_global_overshoot": 0.02}
 FAULT_AT = (0.25, 0.50, 0.75)  # of --seconds: kill -9 a client, restart Redis, lose the keys
@@ -112,15 +126,17 @@ def settings_for(config: str, args: argparse.Namespace, redis_url: str | None) -
         client["tokens_per_minute"] = math.ceil(args.tpm / share)
         client["requests_per_minute"] = math.ceil(args.rpm / share)
         client["tokens"] = "openai_tokens"
-        if config == "budget-global":
+        if config in GLOBAL_CONFIGS:
             client["scope"] = "global"
             client["max_concurrent"] = args.slots * args.processes
             settings["redis_url"] = redis_url
+        if config == "budget-backfill":
+            client["backfill_seconds"] = args.backfill
     return settings
 
 
 def cell(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any]:
-    redis = LocalRedis("0") if config == "budget-global" else None
+    redis = LocalRedis("0") if config in GLOBAL_CONFIGS else None
     provider = None
     try:
         if redis is not None:
@@ -146,7 +162,7 @@ def cell(args: argparse.Namespace, config: str, seed: int) -> dict[str, Any]:
         if not args.faults:
             clients = run_clients(processes, STARTUP_S + args.seconds + 120)
             return measure(config, args, clients, provider.stats(), provider, start)
-        assert redis is not None  # (--faults runs budget-global alone)
+        assert redis is not None  # (--faults runs a global budget alone)
         clients, faults = run_with_faults(args, processes, argv[0], redis, start)
         one = measure(config, args, clients, provider.stats(), provider, start)
         calls = get_json(provider.url + "/calls", timeout=60)["calls"]
@@ -348,17 +364,20 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def verdicts(summary: dict[str, Any]) -> dict[str, bool]:
-    row = summary.get("budget-global")
-    if not row:
-        return {}
-    if "overshoot" in row:
-        limit = FAULT_GOALS["budget_global_overshoot"]
-        return {"budget-global_overshoot<=0.02": row["overshoot"] <= limit}
-    used = row["quota_used_windows"] or row["quota_used_run"]
-    return {
-        "budget-global_0_429": max(row["upstream_429"]) == 0,
-        "budget-global_quota>=0.95": (used >= GOALS["budget_global_quota_used"]),
-    }
+    """Each global budget's goals: 0 429s and the quota, or (--faults) the overshoot."""
+    found: dict[str, bool] = {}
+    for name in GLOBAL_CONFIGS:
+        row = summary.get(name)
+        if not row:
+            continue
+        if "overshoot" in row:
+            limit = FAULT_GOALS["budget_global_overshoot"]
+            found[f"{name}_overshoot<=0.02"] = row["overshoot"] <= limit
+            continue
+        used = row["quota_used_windows"] or row["quota_used_run"]
+        found[f"{name}_0_429"] = max(row["upstream_429"]) == 0
+        found[f"{name}_quota>=0.95"] = used >= GOALS["budget_global_quota_used"]
+    return found
 
 
 def _share(value: float | None) -> str:
@@ -429,6 +448,9 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--us-per-token", type=float, default=50.0, help="and per token")
     parser.add_argument("--faults", action="store_true", help="kill -9, Redis restart, key loss")
     parser.add_argument(
+        "--backfill", type=float, default=10.0, help="budget-backfill's backfill_seconds"
+    )
+    parser.add_argument(
         "--provider-factor", type=float, default=2.0, help="with --faults: the provider's x"
     )
     parser.add_argument("--label", default=None, help="default: run (faults with --faults)")
@@ -440,8 +462,11 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
     if args.quick:
         args.seconds, args.rounds = 10.0, 1
     configs = chosen_configs(parser, args.configs, CONFIGS)
-    if args.faults and (configs != ["budget-global"] or args.provider_factor < 1):
-        parser.error("--faults runs --configs budget-global alone, --provider-factor >= 1")
+    one_global = len(configs) == 1 and configs[0] in GLOBAL_CONFIGS
+    if args.faults and (not one_global or args.provider_factor < 1):
+        parser.error(
+            "--faults runs --configs budget-global or budget-backfill alone, --provider-factor >= 1"
+        )
     args.label = args.label or ("faults" if args.faults else "run")
     if not 0 < args.seconds <= 1800 or not 1 <= args.rounds <= 10:
         parser.error("--seconds must be in (0, 1800] and --rounds in [1, 10]")

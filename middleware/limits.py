@@ -339,6 +339,7 @@ class ConcurrencyLimits:
         local = settings.redis_unavailable == "local"
         return SharedLimit(
             config.max_concurrent,
+            backfill_seconds=config.backfill_seconds,
             redis_url=settings.redis_url,
             component=settings.component,
             limit_name=config.limit_name,

@@ -20,10 +20,10 @@ def blocks(language: str) -> list[str]:
 
 
 def test_the_doc_has_the_blocks_these_tests_run() -> None:
-    assert len(blocks("python")) == 5
+    assert len(blocks("python")) == 6
 
 
-@pytest.mark.parametrize("index", range(5))
+@pytest.mark.parametrize("index", range(6))
 def test_every_python_block_runs(index: int) -> None:
     run = subprocess.run(
         [sys.executable, "-c", blocks("python")[index]], capture_output=True, text=True, timeout=60

@@ -390,13 +390,13 @@ class LimitBase:
         self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
     ) -> BudgetReservation | None:
         """`acquire()`, returning the reservation taken with the slots for the caller to close
-        (None: no upstream): with an upstream, through `_enqueue_tokens` and `settle`."""
+        (None: no upstream): with an upstream, through `enqueue(tokens=)` and `settle`."""
         if not self._asks_upstream():
             await self.acquire(weight, flow, deadline=deadline, tokens=tokens)
             return None
         if deadline is None:  # what is left of the request's, if one is being handled
             deadline = deadline_remaining()
-        waiter = self._enqueue_tokens(weight, flow, deadline, tokens)
+        waiter = self.enqueue(weight, flow, deadline, tokens=tokens)
         try:
             admission = await waiter
         except asyncio.CancelledError:
@@ -419,12 +419,6 @@ class LimitBase:
         """True if admissions take an upstream with their slots (`upstream`; SharedLimit's is
         in Redis): `acquire()` then goes through `_reserve()`, charging in full."""
         return self._upstream is not None
-
-    def _enqueue_tokens(
-        self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
-    ) -> asyncio.Future[Admission]:
-        """`enqueue(weight, flow, deadline, tokens=tokens)`, of a kind that takes an upstream."""
-        raise TypeError(f"{self._describe()} takes no budget or engine")
 
     def _give_back(self, waiter: asyncio.Future[Admission]) -> None:
         """Release what was handed to `waiter`, whose task left before it resumed."""

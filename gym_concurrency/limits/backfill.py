@@ -11,6 +11,11 @@ that fits in what is free. Once it has been blocked that long, capacity is held 
 without backfill. Its wait grows by at most `backfill_seconds` plus the longest hold of a
 waiter admitted past it: bounded, so no starvation. The choice of the next waiter is the fair
 one either way; backfill only decides who may use capacity the chosen one cannot.
+
+A chosen waiter that only its rate budget holds back is passed by another rule, which bounds
+its wait exactly (upstream.py, `UpstreamGate.spare_for`): lighter waiters behind it (`others`)
+are admitted while they leave it room at its target, `backfill_seconds` after the moment the
+budget alone would have taken it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from itertools import islice
 
 from .limit import Admission
 
-__all__ = ["BACKFILL_SCAN", "Backfill", "check_backfill_seconds"]
+__all__ = ["BACKFILL_SCAN", "Backfill", "check_backfill_seconds", "others"]
 
 BACKFILL_SCAN = 32
 """How many waiters (besides the blocked one, oldest first) one backfill looks at."""
@@ -58,5 +63,10 @@ class Backfill:
             self._blocked_at = now
         elif now - self._blocked_at >= self.seconds:
             return []  # its time is up: capacity is held for it from now on
-        others = (w for w in list(islice(waiters, BACKFILL_SCAN + 1)) if w is not chosen)
-        return list(islice(others, BACKFILL_SCAN))
+        return others(waiters, chosen)
+
+
+def others(waiters: Iterable[Waiter], chosen: Waiter) -> list[Waiter]:
+    """The first BACKFILL_SCAN of `waiters` (arrival order) but `chosen`."""
+    found = (w for w in list(islice(waiters, BACKFILL_SCAN + 1)) if w is not chosen)
+    return list(islice(found, BACKFILL_SCAN))

@@ -35,16 +35,16 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     Every call takes a `weight` (default 1) and a `flow` (default None): `limit`, `active` and
     `available` count weight; freed capacity goes to the head of the waiting flow that holds
     the least weight (FIFO within a flow; with one flow, plain FIFO). `timeout` bounds the wait
-    inside `acquire()` (expiry raises TimeoutError); `max_queue` bounds the waiters (a full
-    queue raises QueueFullError at once); `backfill_seconds` (default 0: never) lets lighter
-    waiters that fit pass the waiter chosen next for at most that long (backfill.py). Acquire
-    and release make no telemetry call: the observer reads these integers at export. A
-    `budget` (RateBudget) and an `engine` (EngineSignal) are asked with the slots (upstream.py).
+    inside `acquire()` (TimeoutError); `max_queue` the waiters (QueueFullError at once).
+    Acquire and release make no telemetry call: the observer reads these integers at export.
+    A `budget` (RateBudget) and an `engine` (EngineSignal) are asked with the slots
+    (upstream.py). `backfill_seconds` (default 0: never) lets lighter waiters that fit pass
+    the waiter chosen next for at most that long (backfill.py); held back by its budget alone,
+    it is admitted at most that long after the budget alone would take it (`spare_for`).
 
-    An asyncio.BoundedSemaphore by type and behaviour, not by state: asyncio's `_value` and
+    An asyncio.BoundedSemaphore by type and behaviour, not state: asyncio's `_value` and
     `_waiters` are never made; of its methods only `_get_loop` (unused) and `_wake_up_next`
-    (called only by the acquire() and release() replaced here) are left (test_contract.py).
-    """
+    (called only by the acquire() and release() replaced here) are left (test_contract.py)."""
 
     _label = "limit"
 
@@ -81,9 +81,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         # a flow is kept only while it holds weight.
         self._held: dict[Hashable, int] = {}
         self._held_by_flows = 0  # the sum of `_held`
-        # Waiters handed weight whose tasks have not resumed yet (`settle()` or `leave()` ends
-        # each hand-over), with what they were handed (None: weight 1 of the default flow). No
-        # later acquire takes weight at once until they have, as in asyncio.Semaphore.
+        # Waiters handed weight (None: 1 of the default flow) whose tasks have not resumed yet
+        # (`settle()` or `leave()`): no acquire takes weight at once till then, as asyncio's.
         self._handed: dict[Waiter, Ask | None] = {}
         self._caps = CappedHolds()  # holders admitted at a shrunk limit's size, below their ask
         self._backfilled = 0
@@ -92,8 +91,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         # The queue's waiters in arrival order, read (never written) here: on the hot paths an
         # attribute of the queue costs the uncontended `async with` about 2% more instructions.
         self._waiting = self._queue.waiters
-        # The limit's timeout: one timer, for the oldest waiter (see `_time_out`).
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # the timeout's, for the oldest waiter
         self._register()
 
     # --- state -----------------------------------------------------------------------
@@ -162,8 +160,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         self, weight: int = 1, flow: Hashable = None, *, tokens: int | None = None
     ) -> bool:
         """Take `weight` (and `tokens` of the upstream, charged in full) at once if free and
-        nobody waits nor was handed weight yet to resume; True if taken. ValueError if
-        `weight` exceeds the limit."""
+        nobody waits or is yet to resume; True if taken. ValueError for a weight over the limit."""
         if flow is not None or weight != 1:
             check_weight(type(self).__name__, self._describe, weight, self._limit)
         if self._active + weight > self._limit or self._waiting or self._handed:
@@ -288,9 +285,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         return waiter
 
     def settle(self, waiter: Waiter) -> Reservation | None:
-        """The task awaiting `waiter` resumed: weight handed to it is its own from now on (and
-        the reservation returned, None: none); waiters queued behind the hand-over get the
-        capacity still free, as asyncio.Semaphore's. Called in that task, not as a callback."""
+        """The task awaiting `waiter` resumed (called in it): what it was handed is its own, its
+        reservation returned (None: none); waiters behind it get what is free, as asyncio's."""
         handed = self._handed
         if handed:
             handed.pop(waiter, None)
@@ -299,8 +295,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         return None if self._gate is None else self._gate.claim(waiter)
 
     def refuse(self, waiter: Waiter) -> bool:
-        """End a queued `waiter`'s wait with "unavailable" (shutting down; uncounted): True if
-        it was queued. Capacity held for it is passed on to nobody: the server is draining."""
+        """End a queued `waiter`'s wait "unavailable" (draining: uncounted, and what was held
+        for it passed on to nobody); True if it was queued."""
         if waiter not in self._waiting:
             return False
         self._queue.remove(waiter)
@@ -351,20 +347,14 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
 
     def _give_back(self, waiter: Waiter) -> None:
         weight, flow = self._handed.pop(waiter, None) or (1, None)
-        if self._gate is not None:  # its call is never sent
-            self._gate.cancel(waiter)
+        if self._gate is not None:
+            self._gate.cancel(waiter)  # its call is never sent
         self.release(weight, flow)
-
-    def _enqueue_tokens(
-        self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
-    ) -> Waiter:
-        return self.enqueue(weight, flow, deadline, tokens=tokens)
 
     # --- admission -------------------------------------------------------------------
 
     def _admit_waiters(self) -> None:
-        """Hand free capacity to the next waiters: the longest waiting (one flow, weight 1),
-        else as flows.py chooses."""
+        """Hand free capacity to the next waiters: the oldest (one flow, weight 1), or fairly."""
         queue = self._queue
         if queue.fair:
             self._admit_fairly()
@@ -393,27 +383,37 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             fits = self._active + weight <= self._limit
             handed = self._hand(chosen.waiter, weight, chosen.flow) if fits else None
             if handed is None:  # it does not fit, or the upstream cannot take it yet:
-                self._backfill(queue.hold(chosen))  # freed capacity is held for it
+                passers, kept = queue.hold(chosen), 0  # freed capacity is held for it
+                spare = self._gate.spare_for(queue, chosen) if fits and self._gate else None
+                if spare is not None:  # only its budget holds it back: passed within that
+                    passers, kept = queue.behind(chosen.waiter), weight
+                self._backfill(passers, kept, spare)
                 return
             if handed and weight < chosen.weight:
                 self._handed[chosen.waiter] = (chosen.weight, chosen.flow)  # what it releases
                 self._caps.add(chosen.flow, chosen.weight, weight)
                 self._counts.cap(self._describe(), chosen.weight, weight)
 
-    def _backfill(self, passers: list[tuple[Waiter, Ask]]) -> None:
+    def _backfill(
+        self, passers: list[tuple[Waiter, Ask]], kept: int = 0, spare: list[int] | None = None
+    ) -> None:
         """Admit each of `passers` (the waiters that may pass the one held for, backfill.py)
-        that fits in what is free, oldest first."""
+        that fits in what is free, beside `kept` weight kept for that one and (given) within
+        what its budget can `spare` (upstream.py), oldest first."""
         for waiter, (weight, flow) in passers:
-            if self._active + weight <= self._limit and self._hand(waiter, weight, flow):
+            free = self._active + weight + kept <= self._limit
+            if free and self._hand(waiter, weight, flow, spare):
                 self._backfilled += 1
                 # Maybe not its flow's head: its flow's place in the fair order moved.
                 self._queue.touched(flow)
                 if self._active >= self._limit:
                     return
 
-    def _hand(self, waiter: Waiter, weight: int, flow: Hashable) -> bool | None:
+    def _hand(
+        self, waiter: Waiter, weight: int, flow: Hashable, spare: list[int] | None = None
+    ) -> bool | None:
         """Admit the queued `waiter` (True), unless it left or its own deadline passed (False)
-        or the upstream cannot take it now (None)."""
+        or the upstream cannot take it now (within `spare`, if given: None)."""
         queue = self._queue
         if waiter.done():  # cancelled with its task, which counts it when it leaves
             queue.remove(waiter)
@@ -423,7 +423,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             self._end_late(waiter, "deadline")
             return False
         gate = self._gate
-        if gate is not None and not gate.admit(waiter, queue.estimate(waiter), self._active):
+        if gate is not None and not gate.admit(waiter, queue.estimate(waiter), self._active, spare):
             return None
         self._grant(waiter, weight, flow)
         queue.admitted(waiter, weight)  # after the count: its flow is offered at it

@@ -26,6 +26,9 @@ how the minute is metered (docs/rate-budgets.md compares them):
   report observed earlier than the one in force is ignored (the freshest reading wins).
 - `wait_for(tokens)` reads, without charging, the seconds until `reserve` would take it;
   `resize(budget, per_minute)` changes one budget's size (a settings reload).
+- Backfill: `target(tokens, backfill_seconds)` is when a call held back now is admitted at
+  the latest, `spare(tokens, target)` what lighter calls may take meanwhile so that it still
+  fits then, and `reserve_within(tokens, spare)` reserves one of them within that.
 - `statistics()` reads every budget at once as one frozen value, as anyio's CapacityLimiter
   answers.
 
@@ -273,6 +276,41 @@ class RateBudget:
         asked = self._asked(tokens, input_tokens, output_tokens)
         now = self._advance()
         return max((budget.wait(amount, now) for budget, amount in asked if amount), default=0.0)
+
+    def target(self, tokens: int, backfill_seconds: float) -> float:
+        """When a call of `tokens` held back now is admitted at the latest if lighter calls
+        pass it meanwhile (`spare`): the moment it would fit with nothing more charged, plus
+        `backfill_seconds` (this budget's clock). The same ValueError as `reserve`."""
+        return self._advance() + self.wait_for(tokens) + backfill_seconds
+
+    def spare(self, tokens: int, at: float) -> list[int]:
+        """What calls reserved now may take of each budget in all (in budget order) so that
+        one of `tokens` still fits at `at` (this budget's clock): each budget's remaining then,
+        with nothing more charged, less that call's part; of a provider's reading in force
+        then, the same. Refunds meanwhile only add to it; an overrun may take from it."""
+        asked = self._asked(tokens, None, None)
+        now = self._advance()
+        spare = []
+        for budget, amount in asked:
+            left = budget.meter.remaining_at(max(at, now)) - amount
+            word = budget.word_at(now)
+            if word is not None and word.reset_at > at:
+                left = min(left, word.remaining - word.spent - amount)
+            spare.append(left)
+        return spare
+
+    def reserve_within(self, tokens: int, spare: list[int]) -> Reservation | float | None:
+        """`reserve(tokens)` for a call that passes a held-back one: None (nothing charged)
+        unless each budget's part fits what is left of `spare` (`spare()`), which a
+        Reservation is then taken from."""
+        asked = self._asked(tokens, None, None)
+        if any(amount > left for (_, amount), left in zip(asked, spare, strict=True)):
+            return None
+        taken = self.reserve(tokens)
+        if isinstance(taken, Reservation):
+            for index, (_, amount) in enumerate(asked):
+                spare[index] -= amount
+        return taken
 
     def resize(self, budget: BudgetName, per_minute: int) -> None:
         """Make `budget` (configured) `per_minute` a minute from now on; what was charged stays

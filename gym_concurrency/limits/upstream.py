@@ -17,7 +17,12 @@ its weight; capped at the budget's minute and counted in `admission_capped`):
   next but the upstream holds that one back (counted as a timeout and in
   `admission_budget` / `admission_saturated`); else "timeout", as without an upstream.
 The waiter chosen next that the upstream cannot take yet keeps the slots held for it (as a
-heavy waiter does): lighter ones pass it only under `backfill_seconds`.
+heavy waiter does): lighter ones pass it only under `backfill_seconds`. One that its budget
+alone holds back gets a target when it is first chosen: when its estimate would fit with
+nothing more charged, plus `backfill_seconds`. Lighter waiters are admitted past it while
+they fit now and leave it its slots, and room in the budget at that target
+(`RateBudget.spare`): what it leaves idle while it waits is used, and it is admitted no
+later (refunds only help; overruns charged meanwhile may still delay it).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Literal
 
 from ..engines.signal import EngineSignal, EngineStatistics
 from ..safe_urls import safe_url
+from .flows import Waiting
 from .limit import Admission, Refusal, UpstreamCapacityError
 from .rate_budget import RateBudget, RateBudgetStatistics, Reservation
 from .wait_queue import WaitQueue
@@ -72,19 +78,26 @@ class Upstream:
         cap = None if self.budget is None else self.budget.largest_estimate
         return tokens if cap is None or tokens <= cap else cap
 
-    def take(self, tokens: int, now: float, in_flight: int) -> Reservation | UpstreamWait | None:
+    def take(
+        self, tokens: int, now: float, in_flight: int, spare: list[int] | None = None
+    ) -> Reservation | UpstreamWait | None:
         """Admit a call of `tokens` (capped) now, or say how long not: the engine asked first
         (`now`: loop time; `in_flight`: the limit's weight held), then the budget reserved
-        (on its own clock). Admitted: the Reservation (None without a budget), and the
-        engine's count of admissions raised by one."""
+        (on its own clock; within `spare` if given, else not now: math.inf). Admitted: the
+        Reservation (None without a budget), and the engine's count of admissions raised."""
         engine = self.engine
         if engine is not None and not engine.admits(now, in_flight):
             return UpstreamWait(math.inf, "saturated")
         reservation = None
         if self.budget is not None:
-            taken = self.budget.reserve(self.capped(tokens))
+            capped = self.capped(tokens)
+            taken: Reservation | float | None = (
+                self.budget.reserve(capped)
+                if spare is None
+                else self.budget.reserve_within(capped, spare)
+            )
             if not isinstance(taken, Reservation):
-                return UpstreamWait(taken, "budget")
+                return UpstreamWait(math.inf if taken is None else taken, "budget")
             reservation = taken
         if engine is not None:
             engine.admitted(1)
@@ -144,7 +157,7 @@ class UpstreamGate:
     scrape of the engine, and holds the semaphore only weakly (a dropped limit is collected,
     and its engine listener removed with it)."""
 
-    __slots__ = ("__weakref__", "_due", "_handed", "_retry", "_timer", "upstream")
+    __slots__ = ("__weakref__", "_due", "_handed", "_retry", "_target", "_timer", "upstream")
 
     def __init__(self, upstream: Upstream, retry: Callable[[], None]):
         self.upstream = upstream
@@ -152,6 +165,7 @@ class UpstreamGate:
         self._handed: dict[Waiter, Reservation] = {}  # admitted, not yet settled or left
         self._timer: asyncio.TimerHandle | None = None
         self._due = math.inf
+        self._target: tuple[Waiter, float] | None = None  # the chosen one's, on the budget's clock
         engine = upstream.engine
         if engine is not None:
             listener = _listener(self._retry)
@@ -163,12 +177,15 @@ class UpstreamGate:
         """A gate for `upstream` (None: none, and no gate)."""
         return None if upstream is None else cls(upstream, retry)
 
-    def admit(self, waiter: Waiter, tokens: int, in_flight: int) -> bool:
+    def admit(
+        self, waiter: Waiter, tokens: int, in_flight: int, spare: list[int] | None = None
+    ) -> bool:
         """Take the upstream for the queued `waiter` (True: its reservation kept for
-        `claim`); False: not now, and the timer armed for when the budget holds it."""
+        `claim`), within `spare` if it passes the one chosen next (`spare_for`); False: not
+        now, and the timer armed for when the budget holds it."""
         loop = waiter.get_loop()
         now = loop.time()
-        taken = self.upstream.take(tokens, now, in_flight)
+        taken = self.upstream.take(tokens, now, in_flight, spare)
         if isinstance(taken, UpstreamWait):
             if math.isfinite(taken.seconds):
                 self._arm(loop, now + taken.seconds)
@@ -176,6 +193,20 @@ class UpstreamGate:
         if taken is not None:
             self._handed[waiter] = taken
         return True
+
+    def spare_for(self, queue: WaitQueue, chosen: Waiting) -> list[int] | None:
+        """What waiters passing `chosen` (the waiter chosen next, whose slots fit) may take of
+        the budget in all so that it fits at its target (see the module), or None if the
+        budget takes it now (the engine holds it back) or there is no backfill or budget."""
+        budget, seconds = self.upstream.budget, queue.backfill_seconds
+        if budget is None or not seconds:
+            return None
+        tokens = self.upstream.capped(queue.estimate(chosen.waiter))
+        if budget.wait_for(tokens) <= 0.0:
+            return None
+        if self._target is None or self._target[0] is not chosen.waiter:
+            self._target = (chosen.waiter, budget.target(tokens, seconds))
+        return budget.spare(tokens, self._target[1])
 
     def take_in_full(self, tokens: int, in_flight: int) -> bool:
         """Take the upstream now for a caller that cannot settle (charged in full at once);

@@ -13,7 +13,7 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
-from .backfill import Backfill
+from .backfill import Backfill, others
 from .deadlines import OwnDeadlines
 from .flows import Ask, FlowQueues, Waiting
 from .limit import Admission
@@ -188,6 +188,12 @@ class WaitQueue:
         asks = self._asks
         passers = self._backfill.passers(self.waiters, chosen.waiter, fresh)
         return [(waiter, asks[waiter]) for waiter in passers]
+
+    def behind(self, chosen: Waiter) -> list[tuple[Waiter, Ask]]:
+        """`fair`: the first BACKFILL_SCAN waiters but `chosen`, oldest first, with their asks:
+        those a budget's backfill may admit past it (upstream.py)."""
+        asks = self._asks
+        return [(waiter, asks[waiter]) for waiter in others(self.waiters, chosen)]
 
     def touched(self, flow: Hashable) -> None:
         """`fair`: `flow`'s held weight changed; offer it again at its new place, if it waits."""

@@ -425,10 +425,11 @@ def _check_global_limits(settings: ConcurrencySettings) -> None:
                 f"{kind}.{index}.scope: limit {limit.limit_name!r} is global, which needs "
                 "redis_url (GYM_CONCURRENCY_REDIS_URL), the Redis every process shares"
             )
-        if limit.backfill_seconds:
+        if limit.backfill_seconds and not limit.budget_sizes():
             raise ValueError(
-                f"{kind}.{index}.backfill_seconds: backfill is a process limit's; a global "
-                "limit's oldest waiter is never passed"
+                f"{kind}.{index}.backfill_seconds: a global limit's oldest waiter is passed "
+                "only while its rate budgets alone hold it back; this one has none "
+                "(tokens_per_minute, requests_per_minute, ...)"
             )
         if limit.engine is not None and getattr(limit, "weight", 1) != 1:
             raise ValueError(

@@ -60,21 +60,23 @@ def test_a_bad_backfill_is_refused_naming_it(value: object) -> None:
         RouteLimit(path="/judge", limit_name="judge", max_concurrent=4, backfill_seconds=value)  # type: ignore[arg-type]
 
 
-def test_a_global_limit_cannot_backfill() -> None:
-    with pytest.raises(ValidationError, match=r"routes\.0\.backfill_seconds: backfill is"):
-        ConcurrencySettings(
-            component="c",
-            redis_url="redis://127.0.0.1:6379/0",
-            routes=[
-                RouteLimit(
-                    path="/judge",
-                    limit_name="judge",
-                    max_concurrent=4,
-                    scope="global",
-                    backfill_seconds=1.0,
-                )
-            ],
+def test_a_global_limit_backfills_only_with_a_budget() -> None:
+    def settings(**budget: int) -> ConcurrencySettings:
+        route = RouteLimit(
+            path="/judge",
+            limit_name="judge",
+            max_concurrent=4,
+            scope="global",
+            backfill_seconds=1.0,
+            **budget,
         )
+        return ConcurrencySettings(
+            component="c", redis_url="redis://127.0.0.1:6379/0", routes=[route]
+        )
+
+    with pytest.raises(ValidationError, match=r"routes\.0\.backfill_seconds: .* has none"):
+        settings()
+    assert settings(requests_per_minute=60).routes[0].backfill_seconds == 1.0
 
 
 def test_routes_sharing_a_limit_agree_on_backfill() -> None:

@@ -160,9 +160,10 @@ async def test_a_deadline_behind_a_waiter_held_up_by_the_budget_ends_deadline(
     holder, head = limits(4, budget=tpm(1000)), limits(4, budget=tpm(1000))
     by_deadline, by_timeout = limits(4, budget=tpm(1000)), limits(4, budget=tpm(1000), timeout=1)
     assert await holder.enqueue(tokens=900) == "admitted"
-    first = head.enqueue(tokens=500)  # waits ~60 s for the budget, the slots kept for it
+    first = head.enqueue(tokens=1000)  # waits ~60 s for the budget, the slots kept for it
     await settle(holder, head)
-    late = by_deadline.enqueue(tokens=50, deadline=1.0)  # fits alone, never passes the head
+    # It fits alone, but cannot pass a head that needs the whole minute (`pass_by`).
+    late = by_deadline.enqueue(tokens=50, deadline=1.0)
     timed = by_timeout.enqueue(tokens=50)
     assert await asyncio.wait_for(late, 3) == "deadline"  # (before: "budget")
     assert await asyncio.wait_for(timed, 3) == "budget"  # the limit's timeout: the budget's

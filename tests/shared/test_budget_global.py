@@ -139,9 +139,9 @@ async def test_a_timeout_behind_a_waiter_held_up_by_the_budget_ends_budget(
     holder, head = limits(4, budget=tpm(1000)), limits(4, budget=tpm(1000))
     behind = limits(4, budget=tpm(1000), timeout=1.0)
     assert await holder.enqueue(tokens=900) == "admitted"
-    first = head.enqueue(tokens=500)  # waits ~60 s for the budget, the slots kept for it
+    first = head.enqueue(tokens=1000)  # waits ~60 s for the budget, the slots kept for it
     await settle(holder, head)
-    late = behind.enqueue(tokens=50)  # would fit, but never passes the head
+    late = behind.enqueue(tokens=50)  # fits now, but the head needs the whole minute: it waits
     # Not "timeout": slots were free (a deadline stays "deadline": test_budget_faults.py).
     assert await asyncio.wait_for(late, 3) == "budget"
     assert (behind.admission_budget, behind.admission_timeouts) == (1, 1)

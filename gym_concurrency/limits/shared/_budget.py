@@ -72,9 +72,13 @@ class SharedBudget:
     `wake()` asks for a script call soon (a settlement or reading waits for one). The counts
     `reserved` (estimates of this process's calls not settled yet) and `refunded_total`
     (given back here) are this process's; `remaining` and the provider's reading are the
-    limit's, across processes, as last seen."""
+    limit's, across processes, as last seen. `backfill_seconds` goes with the sizes: how much
+    later than the budgets alone would take it the oldest waiter may be admitted, so that
+    lighter waiters pass it meanwhile (0: never; lua/budget.lua, `budget_room`)."""
 
-    def __init__(self, budget: RateBudget, *, wake: Callable[[], None]) -> None:
+    def __init__(
+        self, budget: RateBudget, backfill_seconds: float = 0.0, *, wake: Callable[[], None]
+    ) -> None:
         if budget.shape != "sliding":
             raise ValueError(
                 f"a global limit's budget must be shape='sliding' (a window of the last "
@@ -82,7 +86,9 @@ class SharedBudget:
             )
         self.limits: dict[BudgetName, int] = budget.limits
         self.shape = budget.shape
-        self._spec = ",".join(str(self.limits.get(name, 0)) for name in BUDGETS)
+        self.backfill_seconds = backfill_seconds
+        sizes = [self.limits.get(name, 0) for name in BUDGETS]
+        self._spec = ",".join(str(n) for n in [*sizes, round(backfill_seconds * 1000)])
         self._token_cap = min(
             (size for name, size in self.limits.items() if name in _TOKEN_BUDGETS),
             default=None,

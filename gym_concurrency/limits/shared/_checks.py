@@ -7,12 +7,14 @@ from typing import Final, Literal, get_args
 
 from ...safe_urls import safe_url
 from .._base import check_count, check_seconds
+from ..backfill import check_backfill_seconds
 from ._connection import SCHEMES, sentinel_parts
 
 __all__ = [
     "MAX_FLOW_LENGTH",
     "RedisUnavailable",
     "check_ask",
+    "check_backfill",
     "check_key",
     "check_mode",
     "check_name",
@@ -81,6 +83,18 @@ def check_key(
         if part is not None:
             check_name(name, part)
     return "/".join(part for part in parts.values() if part is not None)
+
+
+def check_backfill(owner: str, backfill_seconds: object, budget: object) -> float:
+    """`backfill_seconds` as seconds (TypeError / ValueError as a MeteredSemaphore's); more
+    than 0 needs a `budget`: only the budgets' hold on the oldest waiter is ever passed."""
+    seconds = check_backfill_seconds(owner, backfill_seconds)
+    if seconds and budget is None:
+        raise ValueError(
+            f"{owner} backfill_seconds={seconds} needs a budget: a global limit's oldest "
+            "waiter is passed only while the rate budgets alone hold it back"
+        )
+    return seconds
 
 
 def check_mode(mode: object, local_max_concurrent: object) -> None:

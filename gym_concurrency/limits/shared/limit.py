@@ -31,6 +31,7 @@ from ._budget import SharedBudget, SharedReservation
 from ._checks import (
     RedisUnavailable,
     check_ask,
+    check_backfill,
     check_engine,
     check_key,
     check_mode,
@@ -56,15 +57,15 @@ class SharedLimit(LimitBase):
     The same contract as MeteredSemaphore, globally: never more than `limit` weight held
     across all processes (a lease each admission, carrying its weight and flow), fair
     queuing by flow with the held weight and the order global (the head of the flow holding
-    the least weight first, FIFO within a flow, the waiter chosen next never passed),
-    `timeout` and `max_queue` (the global queue) per waiter, each failed admission counted
-    once in the process where it happened. When Redis cannot be
-    reached, `redis_unavailable="refuse"` ends an admission "unavailable" and `"local"` admits
-    it through a process-local semaphore of `local_max_concurrent` slots (registered as
-    leases once Redis answers again; a limit with a `budget` refuses: the budget is kept
-    only in Redis); both are counted in `admission_unavailable`.
-    Leases this process could not renew within `lease_seconds` are counted in
-    `admission_lease_lost`, logged, and handed to `on_lease_lost(limit, ids)`.
+    the least weight first, FIFO within a flow, the waiter chosen next never passed but by
+    a budget's backfill, below), `timeout` and `max_queue` (the global queue) per waiter,
+    each failed admission counted once in the process where it happened. When Redis cannot
+    be reached, `redis_unavailable="refuse"` ends an admission "unavailable" and `"local"`
+    admits it through a process-local semaphore of `local_max_concurrent` slots (registered
+    as leases once Redis answers again; a limit with a `budget` refuses: the budget is kept
+    only in Redis); both are counted in `admission_unavailable`. Leases this process could
+    not renew within `lease_seconds` are counted in `admission_lease_lost`, logged, and
+    handed to `on_lease_lost(limit, ids)`.
 
     `budget` (a RateBudget, "sliding" only: its sizes are read, its state is kept in Redis,
     `shared_budget`) adds rate budgets shared by every process: an admission takes its slot
@@ -73,7 +74,8 @@ class SharedLimit(LimitBase):
     docs/rate-budgets.md). `engine` (an EngineSignal) sizes the limit for every process from
     the engine's /metrics, scraped by one of them at a time: `value` is then the most it
     grows to, and the floor its size until a reading lands and once one is stale (see
-    `_engine` and docs/engine-signals.md, "Across replicas").
+    `_engine` and docs/engine-signals.md, "Across replicas"). `backfill_seconds`: see
+    `SharedBudget` (lighter waiters past one that only the budget holds back).
 
     Processes share a limit by its key: `key` if given, else `component/server/limit_name`
     (those given), under `key_prefix`. `connect()` raises LimitConfigurationError for a
@@ -108,6 +110,7 @@ class SharedLimit(LimitBase):
         on_lease_lost: LeaseLostHook | None = None,
         budget: RateBudget | None = None,
         engine: EngineSignal | None = None,
+        backfill_seconds: float = 0.0,
     ) -> None:
         owner = type(self).__name__
         check_count(owner, "value", value)
@@ -120,6 +123,7 @@ class SharedLimit(LimitBase):
         check_name("key_prefix", key_prefix)
         check_timing(lease_seconds, redis_timeout)
         check_mode(redis_unavailable, local_max_concurrent)
+        backfill_seconds = check_backfill(owner, backfill_seconds, budget)
         check_count(owner, "max_connections", max_connections, minimum=1)
         self._lease_seconds = float(lease_seconds)
         self._mode: RedisUnavailable = redis_unavailable
@@ -128,7 +132,9 @@ class SharedLimit(LimitBase):
         self._rate_budget = budget  # its sizes; its state is `_shared_budget`'s, in Redis
         self._shared_budget: SharedBudget | None = None
         if budget is not None:
-            self._shared_budget = SharedBudget(budget, wake=lambda: self._sync.flush())
+            self._shared_budget = SharedBudget(
+                budget, backfill_seconds, wake=lambda: self._sync.flush()
+            )
         self._store = RedisStore(
             redis_url=redis_url,
             base_key=f"{key_prefix}:{{{self._key}}}:",
@@ -163,6 +169,11 @@ class SharedLimit(LimitBase):
         """The name every process sharing this limit uses (default: `component/server/
         limit_name`, those given)."""
         return self._key
+
+    @property
+    def backfill_seconds(self) -> float:
+        """How much later than its budget would take it the oldest waiter may be admitted."""
+        return 0.0 if self._shared_budget is None else self._shared_budget.backfill_seconds
 
     @property
     def redis_keys(self) -> dict[str, str]:
@@ -365,16 +376,10 @@ class SharedLimit(LimitBase):
             deadline = check_deadline(type(self).__name__, deadline)
         return self._state.enqueue(loop, weight, flow, self._timeout, deadline, tokens)
 
-    # LimitBase's acquire(), hold() and `async with` serve this kind as they are; these
-    # three hooks only say where its budgets are: in Redis, not in an `upstream` (whose
-    # RateBudget meters a process), so LimitBase cannot see them by itself.
+    # LimitBase's acquire(), hold() and `async with` serve this kind as they are; these two
+    # hooks say its budgets are in Redis, not in an `upstream` (a process's RateBudget).
     def _asks_upstream(self) -> bool:
         return self._shared_budget is not None
-
-    def _enqueue_tokens(
-        self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
-    ) -> asyncio.Future[Admission]:
-        return self.enqueue(weight, flow, deadline, tokens=tokens)
 
     def _upstream_refused(self, refusal: UpstreamRefusal, tokens: int) -> UpstreamCapacityError:
         budget = self._shared_budget

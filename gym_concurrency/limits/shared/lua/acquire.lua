@@ -26,6 +26,7 @@ for i = 9 + removals, #ARGV do
   if budget() then waits[#waits + 1] = status == 0 and budget_wait(id, free) or 0 end
 end
 -- With flows, one queued behind others may be the fair next (its flow holds the least): it
--- is granted now, not at the next call; so is one over the limit, on a limit that is idle.
-if S.fw > 0 or over then grant() end
+-- is granted now, not at the next call; so is one over the limit, on a limit that is idle,
+-- and one that may pass the oldest waiter, which only the budgets hold back.
+if S.fw > 0 or over or PASSING then grant() end
 return answer(0, statuses, waits)

@@ -2,8 +2,9 @@
 -- `grant` and the acquire script reserve a waiter's estimate with its slot, all or none).
 -- Nothing here runs for a limit without budgets (ARGV[6] empty).
 --
--- ARGV[6] is `<sizes>|<ops>`: sizes "T,R,I,O" (tokens, requests, input tokens, output
--- tokens a minute; 0: not configured), and ops separated by ';', applied first, in batches:
+-- ARGV[6] is `<sizes>|<ops>`: sizes "T,R,I,O,P" (tokens, requests, input tokens, output
+-- tokens a minute, 0: not configured; P: the calling process's backfill in ms, see
+-- `budget_room`), and ops separated by ';', applied first, in batches:
 --   `#<id>`                      starts batch `<id>` of this process: applied once, whichever
 --                                call carries it (a call sent again after its reply was lost,
 --                                redis-py's own retry, a batch a failed call gave back); the
@@ -31,6 +32,8 @@
 --   nothing is known of the last minute, so the whole minute is counted as spent now (no
 --   admission for 61 s: never over budget). The state lost alone: rebuilt from `budget`.
 local BCODES = {'t', 'r', 'i', 'o'}
+-- How many waiters behind the oldest one are looked at for one that may pass it (`pass_by`).
+local PASS_SCAN = 32
 local B_SPEC, B_OPS = string.match(ARGV[6], '^([^|]*)|?(.*)$')
 local B = nil  -- loaded on first use (`budget()`); false: no budget configured
 local B_SLOTS = nil  -- the counted slots' charges, read at most once a call (`slots()`)
@@ -127,17 +130,19 @@ end
 local function budget()
   if B ~= nil then return B end
   if B_SPEC == '' then B = false return B end
-  local sizes, codes, j = {}, {}, 0
+  local sizes, codes, j, pass = {}, {}, 0, 0
   for size in string.gmatch(B_SPEC, '(%d+)') do
     j = j + 1
-    if tonumber(size) > 0 then
+    if j > #BCODES then
+      pass = tonumber(size)
+    elseif tonumber(size) > 0 then
       sizes[BCODES[j]] = tonumber(size)
       codes[#codes + 1] = BCODES[j]
     end
   end
   local kept = (S.budget and S.budget ~= '') and cjson.decode(S.budget) or {}
   B = {size = sizes, codes = codes, n = tonumber(kept.n), u = {}, c = {}, w = {},
-    refunds = {}, h = kept.h}
+    refunds = {}, h = kept.h, pass = pass}
   for _, code in ipairs(codes) do
     B.u[code] = kept.u and tonumber(kept.u[code]) or 0
     B.c[code] = kept.c and tonumber(kept.c[code]) or 0
@@ -186,8 +191,53 @@ local function budget_wait(id, head)
       end
     end
   end
-  if head then B.h = {id, real + wait} end
+  if head then  -- (its target, once set, stays while it is the one chosen next)
+    local fit = real + wait
+    local target = fit + B.pass
+    if hold and hold[1] == id and hold[3] then target = math.max(hold[3], fit) end
+    B.h = {id, fit, target}
+  end
   return math.max(wait, 0)
+end
+
+-- Backfill: the waiter chosen next, which the budgets alone hold back, gets a target when it
+-- is first held back: the moment its estimate would fit if nothing more were charged, plus
+-- the backfill (`pass`, ms). Lighter waiters may be admitted past it meanwhile (`pass_by`)
+-- while they leave it room at that target; so it is admitted no later (short of overruns
+-- charged meanwhile, and a provider's reading): what it leaves idle while it waits is used.
+-- What the waiters behind `head` (`budget_wait(head, true) > 0` in this call) may take in all
+-- of each budget so: the size less its estimate less the charges still counted at its target,
+-- and the same of a provider's reading in force then. nil: nothing (or no backfill).
+local function budget_room(head)
+  if not B or B.pass <= 0 then return nil end
+  local hold = B.h
+  if not hold or hold[1] ~= head or not hold[3] then return nil end
+  local target, counted, room = hold[3], slots(), {}
+  for _, code in ipairs(B.codes) do
+    local want = amount(head, code)
+    local left = B.size[code] - want
+    for k = B.n - 60, B.n do
+      if (k + 61) * 1000 > target then left = left - counted[code .. k] end
+    end
+    local w = word(code)
+    if w and w[2] > target then left = math.min(left, w[1] - w[4] - want) end
+    if left <= 0 then return nil end
+    room[code] = left
+  end
+  return room
+end
+
+-- Whether `id` fits every budget now and what is left of `room` (`budget_room`): then its
+-- estimate is taken from `room`.
+local function budget_passes(id, room)
+  for _, code in ipairs(B.codes) do
+    local want = amount(id, code)
+    if want > room[code] or B.u[code] + want > B.size[code] then return false end
+    local w = word(code)
+    if w and want > w[1] - w[4] then return false end
+  end
+  for _, code in ipairs(B.codes) do room[code] = room[code] - amount(id, code) end
+  return true
 end
 
 -- Charge `id`'s estimate now (it fits: `budget_wait(id) == 0`); `grant` (its handle) keeps
@@ -308,7 +358,7 @@ local function budget_save()
     remaining[code] = math.max(0, left)
   end
   local blocked = -1  -- (ms the waiter chosen next waits for the budgets)
-  if S.queued > 0 and B.h and B.h[2] > real then blocked = B.h[2] - real else B.h = nil end
+  if S.queued == 0 then B.h = nil elseif B.h and B.h[2] > real then blocked = B.h[2] - real end
   local kept = cjson.encode({n = B.n, u = B.u, c = B.c, w = B.w, h = B.h})
   local said = cjson.encode({s = B.n, b = blocked, r = remaining, p = reported})
   return kept, said, blocked

@@ -173,10 +173,43 @@ local function rescore(id)
   if head then ready(held_by(flow), head) end
 end
 
--- Hand free capacity to the oldest waiters: the lease keeps the waiter's deadline (its
--- process renews it from then on) and the waiter's process is told through its mailbox.
--- Nothing while a grace period lasts; the oldest waiter is never passed: capacity that
--- frees is kept for it until its weight fits (at most the limit: see `fitted`).
+-- Waiter `id`, out of the queue, gets its lease: it keeps the waiter's deadline (its process
+-- renews it from then on), and the waiter's process is told through its mailbox.
+local function hand(id)
+  local deadline, leased = tonumber(redis.call('ZSCORE', K_WEXP, id)), false
+  if deadline then
+    redis.call('ZREM', K_WEXP, id)
+    if deadline >= now then
+      local lease = capped_lease(id)
+      leased = add_lease(lease, deadline)
+      if leased then budget_charge(id, true) end
+      redis.call('RPUSH', MBOX .. string.match(id, '^[^:]+'), lease)
+    end
+  end
+  if not leased then rescore(id) end
+end
+
+-- The budgets alone hold back `head`, the oldest waiter (first-come order): a waiter behind
+-- it (of the first PASS_SCAN) is admitted past it, oldest first, if it fits the budgets now
+-- and leaves `head` its slots now and its budgets at its target (`budget_room`): `head` is
+-- admitted no later than that. (PASSING: a waiter queued in this call may pass too.)
+local PASSING = false
+local function pass_by(head)
+  local room = budget_room(head)
+  if not room then return end
+  PASSING = true
+  for _, id in ipairs(redis.call('ZRANGE', K_QUEUE, 1, PASS_SCAN)) do
+    if S.held + fitted(head) + fitted(id) <= S.limit and budget_passes(id, room) then
+      unqueue(id)
+      hand(id)
+    end
+  end
+end
+
+-- Hand free capacity to the oldest waiters (`hand`). Nothing while a grace period lasts;
+-- the oldest waiter is never made to wait longer: capacity that frees is kept for it until
+-- its weight fits (at most the limit: see `fitted`), and while only the budgets hold it back
+-- lighter waiters may use what it cannot, never past its target (`pass_by`).
 local function grant()
   if in_grace() then return end
   while S.held < S.limit and S.queued > 0 do
@@ -187,24 +220,16 @@ local function grant()
       local head = redis.call('ZPOPMIN', K_QUEUE)
       if #head == 0 then S.queued, S.queued_weight = 0, 0 return end  -- (the queue key lost)
       id = head[1]
-      if S.held + fitted(id) > S.limit or budget_wait(id, true) > 0 then
+      local slots_fit = S.held + fitted(id) <= S.limit
+      if not slots_fit or budget_wait(id, true) > 0 then
         redis.call('ZADD', K_QUEUE, head[2], id)  -- (back at its place, first)
         S.chosen = id
+        if slots_fit then pass_by(id) end
         return
       end
       S.queued, S.queued_weight = S.queued - 1, S.queued_weight - weight(id)
     end
-    local deadline, leased = tonumber(redis.call('ZSCORE', K_WEXP, id)), false
-    if deadline then
-      redis.call('ZREM', K_WEXP, id)
-      if deadline >= now then
-        local lease = capped_lease(id)
-        leased = add_lease(lease, deadline)
-        if leased then budget_charge(id, true) end
-        redis.call('RPUSH', MBOX .. string.match(id, '^[^:]+'), lease)
-      end
-    end
-    if not leased then rescore(id) end
+    hand(id)
     if S.queued >= before then return end  -- (no waiter left the queue: stop, never spin)
   end
 end
