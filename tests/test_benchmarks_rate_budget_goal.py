@@ -66,6 +66,18 @@ def test_a_budget_configuration_says_what_wiring_it_needs(tmp_path: Path) -> Non
         assert "| `budget-local` |" in done.stdout
 
 
+def test_a_global_budget_runs_with_and_without_backfill(tmp_path: Path) -> None:
+    if missing_wiring(BUDGET_FIELDS):
+        pytest.skip("needs issue 35's wiring")
+    done = run(tmp_path, "budget-global,budget-backfill", "--backfill", "5")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "rate-budget-goal.summary.json").read_text())
+    assert result["settings"]["backfill"] == 5
+    for name in ("budget-global", "budget-backfill"):
+        assert result["summary"][name]["upstream_429"] == [0], name  # the budget is the minute's
+        assert f"{name}_0_429" in result["verdicts"], result["verdicts"]
+
+
 def test_the_most_in_any_window_slides_as_the_provider_meters() -> None:
     assert most_in_any_window([], []) == (0, None)
     # [0, 60) holds 1 + 2, [59, 119) holds 2 + 4 (60 is out of the first: half-open).

@@ -268,6 +268,25 @@ class RateBudget:
                 word.spent += amount
         return Reservation(self, asked, now, self._epoch)
 
+    def take(self, tokens: int) -> float:
+        """`reserve(tokens)` closed at once with `charge_in_full` (a call that cannot settle),
+        without a Reservation: 0.0 if taken, else the seconds until it would fit (nothing
+        charged). The same ValueError as `reserve` for a bad estimate."""
+        asked = self._asked(tokens, None, None)
+        now = self._advance()
+        wait = 0.0
+        for budget, amount in asked:
+            if amount:
+                wait = max(wait, budget.wait(amount, now))
+        if wait > 0.0:
+            return wait
+        for budget, amount in asked:
+            budget.meter.charge(amount)
+            word = budget.word_at(now)
+            if word is not None:
+                word.spent += amount
+        return 0.0
+
     def wait_for(
         self, tokens: int, *, input_tokens: int | None = None, output_tokens: int | None = None
     ) -> float:

@@ -103,6 +103,20 @@ class Upstream:
             engine.admitted(1)
         return reservation
 
+    def take_in_full(self, tokens: int, in_flight: int) -> float:
+        """`take()` for a call that cannot settle, charged in full at once (no Reservation):
+        0.0 if admitted, else how long not (math.inf: the engine)."""
+        engine = self.engine
+        if engine is not None and not engine.admits(_now(), in_flight):
+            return math.inf
+        if self.budget is not None:
+            wait = self.budget.take(self.capped(tokens))
+            if wait > 0.0:
+                return wait
+        if engine is not None:
+            engine.admitted(1)
+        return 0.0
+
     def wait(self, tokens: int, now: float | None = None) -> float:
         """Seconds until the budget would hold `tokens` (capped); 0.0 now, or without a
         budget. Reads only: nothing is charged (a Retry-After). `now` is unused: the budget
@@ -133,11 +147,6 @@ class Upstream:
         url = "?" if self.engine is None else safe_url(self.engine.url)
         message = f"{describe}: the engine at {url} did not admit within the wait allowed"
         return UpstreamCapacityError(message, "saturated", None)
-
-    def charge_in_full(self, reservation: Reservation | None) -> None:
-        """Close `reservation` (None: nothing to close) as a call that cannot settle."""
-        if reservation is not None and self.budget is not None:
-            self.budget.charge_in_full(reservation)
 
     def statistics(self) -> tuple[RateBudgetStatistics | None, EngineStatistics | None]:
         """The budget's and the engine's statistics now (None for a part not configured)."""
@@ -211,11 +220,7 @@ class UpstreamGate:
     def take_in_full(self, tokens: int, in_flight: int) -> bool:
         """Take the upstream now for a caller that cannot settle (charged in full at once);
         False if it does not admit now."""
-        taken = self.upstream.take(tokens, _now(), in_flight)
-        if isinstance(taken, UpstreamWait):
-            return False
-        self.upstream.charge_in_full(taken)
-        return True
+        return self.upstream.take_in_full(tokens, in_flight) == 0.0
 
     def claim(self, waiter: Waiter) -> Reservation | None:
         """The reservation handed to `waiter` (admitted), now its task's to close."""

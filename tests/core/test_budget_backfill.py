@@ -1,7 +1,8 @@
 """Backfill past a waiter that its rate budget alone holds back (RateBudget.target / spare /
 reserve_within; MeteredSemaphore(backfill_seconds=..., budget=...)), on a clock the test
 sets: lighter calls are admitted past it only within what it can spare, and however they are
-admitted, at what times and sizes, it still fits at its target (hypothesis)."""
+admitted, at what times and sizes, it still fits at its target (hypothesis). Also: `take()`,
+the path of a call charged in full, leaves a budget as reserving and charging in full does."""
 
 from __future__ import annotations
 
@@ -106,3 +107,27 @@ async def test_without_backfill_nobody_passes_a_waiter_its_budget_holds_back() -
     assert limit.admission_backfilled == 0
     for waiter in (head, light):
         limit.leave(waiter)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    calls=st.lists(st.tuples(st.floats(0, 40), st.integers(0, 1200), st.booleans()), max_size=25)
+)
+def test_taking_in_full_is_reserving_and_charging_in_full(
+    calls: list[tuple[float, int, bool]],
+) -> None:
+    clock = Clock(1000.0)
+    taking, reserving = tpm(clock), tpm(clock)
+    for step, tokens, report in calls:
+        clock.now += step
+        if report:  # a provider's reading, the same on both
+            for budget in (taking, reserving):
+                budget.report("tokens", remaining=tokens, reset_at=clock.now + 30)
+        wait = taking.take(min(tokens, 1000))
+        reservation = reserving.reserve(min(tokens, 1000))
+        if isinstance(reservation, Reservation):
+            assert wait == 0.0
+            reservation.charge_in_full()
+        else:
+            assert wait == reservation
+        assert taking.statistics() == reserving.statistics()

@@ -207,9 +207,9 @@ local function pass_by(head)
 end
 
 -- Hand free capacity to the oldest waiters (`hand`). Nothing while a grace period lasts;
--- the oldest waiter is never made to wait longer: capacity that frees is kept for it until
--- its weight fits (at most the limit: see `fitted`), and while only the budgets hold it back
--- lighter waiters may use what it cannot, never past its target (`pass_by`).
+-- the oldest waiter is never passed: capacity that frees is kept for it until its weight
+-- fits (at most the limit: see `fitted`); only while the budgets alone hold it back, with a
+-- backfill, lighter waiters may use what it cannot until its target (`pass_by`).
 local function grant()
   if in_grace() then return end
   while S.held < S.limit and S.queued > 0 do
