@@ -73,3 +73,13 @@ def test_the_readme_layout_names_every_library_module():
         }
         assert files - named == set(), f"README Layout, {package}/: not named"
         assert named - files - {"__init__.py"} == set(), f"README Layout, {package}/: gone"
+
+
+def test_test_modules_have_names_of_their_own():
+    # pytest imports a test module by its file name where its directory is not a package: two
+    # of one name in different directories stop the whole run at collection.
+    seen: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        if not (path.parent / "__init__.py").exists():
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}

@@ -1,21 +1,62 @@
 """The parts of one budget of a RateBudget: how it meters a minute (a sliding window or a
-token bucket, behind one `Meter` shape), the estimates in flight, and the provider's word."""
+token bucket, behind one `Meter` shape), the estimates in flight, the provider's word, and
+what its statistics read (re-exported by rate_budget.py, their public home)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from .rate_window import RateWindow
 from .token_bucket import TokenBucket
 
-__all__ = ["BudgetName", "BudgetShape", "Meter", "MeteredBudget", "ProviderWord", "until"]
+__all__ = [
+    "BudgetName",
+    "BudgetShape",
+    "BudgetStatistics",
+    "Meter",
+    "MeteredBudget",
+    "ProviderWord",
+    "RateBudgetStatistics",
+    "until",
+]
 
 BudgetName = Literal["tokens", "requests", "input_tokens", "output_tokens"]
 """A budget, as `nemo.gym.concurrency.budget` names it; its setting is `<name>_per_minute`."""
 BudgetShape = Literal["sliding", "bucket"]
 """How a budget meters its minute: a sliding window of the last minute (no 60 s ever holds
 more than the budget) or a token bucket (as OpenAI and Anthropic meter theirs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetStatistics:
+    """One budget now: its size a minute; what admission may take now (the smaller of its own
+    and the provider's word, never below 0); the estimates of calls not yet settled; what was
+    given back so far (estimates less usage, and cancelled calls); and the provider's last
+    reported remaining while it is in force (None: none)."""
+
+    budget: BudgetName
+    limit: int
+    remaining: int
+    reserved: int
+    refunded_total: int
+    reported_remaining: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RateBudgetStatistics:
+    """Every budget of a RateBudget, read at once; a budget not configured is None."""
+
+    tokens: BudgetStatistics | None = None
+    requests: BudgetStatistics | None = None
+    input_tokens: BudgetStatistics | None = None
+    output_tokens: BudgetStatistics | None = None
+
+    def budgets(self) -> tuple[BudgetStatistics, ...]:
+        """The configured budgets, in `BUDGETS` order."""
+        found = (self.tokens, self.requests, self.input_tokens, self.output_tokens)
+        return tuple(b for b in found if b is not None)
 
 
 class Meter(Protocol):

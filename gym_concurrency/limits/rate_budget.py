@@ -44,11 +44,17 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, Protocol, get_args
 
 from ..usage import Usage
-from ._budget_parts import BudgetName, BudgetShape, MeteredBudget, ProviderWord
+from ._budget_parts import (
+    BudgetName,
+    BudgetShape,
+    BudgetStatistics,
+    MeteredBudget,
+    ProviderWord,
+    RateBudgetStatistics,
+)
 
 __all__ = [
     "BUDGETS",
@@ -65,36 +71,6 @@ __all__ = [
 ]
 
 BUDGETS: tuple[BudgetName, ...] = get_args(BudgetName)
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetStatistics:
-    """One budget now: its size a minute; what admission may take now (the smaller of its own
-    and the provider's word, never below 0); the estimates of calls not yet settled; what was
-    given back so far (estimates less usage, and cancelled calls); and the provider's last
-    reported remaining while it is in force (None: none)."""
-
-    budget: BudgetName
-    limit: int
-    remaining: int
-    reserved: int
-    refunded_total: int
-    reported_remaining: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class RateBudgetStatistics:
-    """Every budget of a RateBudget, read at once; a budget not configured is None."""
-
-    tokens: BudgetStatistics | None = None
-    requests: BudgetStatistics | None = None
-    input_tokens: BudgetStatistics | None = None
-    output_tokens: BudgetStatistics | None = None
-
-    def budgets(self) -> tuple[BudgetStatistics, ...]:
-        """The configured budgets, in `BUDGETS` order."""
-        found = (self.tokens, self.requests, self.input_tokens, self.output_tokens)
-        return tuple(b for b in found if b is not None)
 
 
 class BudgetReservation(Protocol):
@@ -254,38 +230,18 @@ class RateBudget:
         it at the budget)."""
         asked = self._asked(tokens, input_tokens, output_tokens)
         now = self._advance()
-        wait = 0.0
-        for budget, amount in asked:
-            if amount:
-                wait = max(wait, budget.wait(amount, now))
+        wait = self._charge(asked, now)
         if wait > 0.0:
             return wait
         for budget, amount in asked:
-            budget.meter.charge(amount)
             budget.reserved += amount
-            word = budget.word_at(now)
-            if word is not None:
-                word.spent += amount
         return Reservation(self, asked, now, self._epoch)
 
     def take(self, tokens: int) -> float:
         """`reserve(tokens)` closed at once with `charge_in_full` (a call that cannot settle),
         without a Reservation: 0.0 if taken, else the seconds until it would fit (nothing
         charged). The same ValueError as `reserve` for a bad estimate."""
-        asked = self._asked(tokens, None, None)
-        now = self._advance()
-        wait = 0.0
-        for budget, amount in asked:
-            if amount:
-                wait = max(wait, budget.wait(amount, now))
-        if wait > 0.0:
-            return wait
-        for budget, amount in asked:
-            budget.meter.charge(amount)
-            word = budget.word_at(now)
-            if word is not None:
-                word.spent += amount
-        return 0.0
+        return self._charge(self._asked(tokens, None, None), self._advance())
 
     def wait_for(
         self, tokens: int, *, input_tokens: int | None = None, output_tokens: int | None = None
@@ -401,6 +357,22 @@ class RateBudget:
             for budget in self._budgets:
                 budget.meter.advance(now)
         return self._now
+
+    def _charge(self, asked: tuple[tuple[MeteredBudget, int], ...], now: float) -> float:
+        """Charge every budget its part of `asked` at `now` (0.0), or none if one cannot hold
+        it: the seconds until all would."""
+        wait = 0.0
+        for budget, amount in asked:
+            if amount:
+                wait = max(wait, budget.wait(amount, now))
+        if wait > 0.0:
+            return wait
+        for budget, amount in asked:
+            budget.meter.charge(amount)
+            word = budget.word_at(now)
+            if word is not None:
+                word.spent += amount
+        return 0.0
 
     def _asked(
         self, tokens: int, input_tokens: int | None, output_tokens: int | None
