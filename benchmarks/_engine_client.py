@@ -3,8 +3,9 @@ completion calls to the fake engine made all at once, at the moment the driver g
 (`_goal_client_limit.released`), through one configured client limit (httpx). Its connection
 pool is opened first (`--warm` connections): a server's pool is warm, and 250 connections
 opened at once by a process on a shared core would stretch the burst's start. Prints one JSON
-object: when its first call was sent and its last one answered (monotonic), the calls
-completed and failed, their latencies, the limit's counters at the end.
+object: when its first call was sent and its last one answered (monotonic), the CPU the
+process spent meanwhile, the calls completed and failed, their latencies, the limit's
+counters at the end.
 
     taskset -c 1 python -m benchmarks._engine_client --url http://127.0.0.1:P --settings JSON
         [--requests 250] [--warm 128] [--expect engine] [--source TREE] [--timeout 120]
@@ -36,7 +37,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     warm = min(args.requests, args.warm)
     async with client_limit(args.settings, args.url, expect, warm) as (client, limit):
         _, late = await released()
-        first = time.monotonic()
+        first, cpu = time.monotonic(), time.process_time()
 
         async def call() -> float:
             sent = time.monotonic()
@@ -52,12 +53,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         last = max((task.result() for task in finished), default=time.monotonic())
+        cpu = time.process_time() - cpu  # this process's, its threads' too, for the burst
         figures = limit_figures(limit)
     latencies.sort()
     return {
         "late_s": round(late, 4),
         "first_sent": first,
         "last_done": last,
+        "cpu_s": round(cpu, 4),
         "completed": len(latencies),
         "failed": dict(failed),
         "unfinished": len(pending),

@@ -27,7 +27,8 @@ This run also scrapes /metrics every --scrape-ms itself, so that the baselines h
 too. Reported per configuration (over `--rounds`, order rotating, a fresh engine a cell): the
 most requests waiting at any scrape during the burst (and at any moment: the engine's own
 exact maximum), batch utilisation = the engine's busy_seconds (running / batch, integrated)
-/ the burst's duration, the duration (first call sent to last answered), p50 / p95 latency.
+/ the burst's duration, the duration (first call sent to last answered), the client
+processes' CPU a call during the burst (they share one core), p50 / p95 latency.
 The clients' CPU is part of a burst: each waits up to --wait-quiet s for a nearly idle machine
 (`overload.wait_until_quiet`; the cores busy then are in the JSON).
 `engine` needs issue 35's wiring: without it the run stops before anything starts, saying
@@ -201,6 +202,10 @@ def measure(config: str, clients: list[dict[str, Any]], stats: dict[str, Any]) -
         "served": stats["served"],
         "completed": sum(c["completed"] for c in clients),
         "failed": sum(sum(c["failed"].values()) + c["unfinished"] for c in clients),
+        # The clients' CPU a call (they share one core: what a limit's own work costs them).
+        "client_cpu_ms_per_call": 1000 * sum(c["cpu_s"] for c in clients) / stats["served"]
+        if stats["served"]
+        else None,
         **clients_figures(clients),
     }
 
@@ -216,6 +221,9 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
             "utilisation": statistics.median(c["utilisation"] for c in mine),
             "utilisation_rounds": [round(c["utilisation"], 3) for c in mine],
             "duration_s": statistics.median(c["duration_s"] for c in mine),
+            "client_cpu_ms_per_call": statistics.median(
+                c["client_cpu_ms_per_call"] or 0.0 for c in mine
+            ),
             "p50_s": statistics.median(c["p50_s"] for c in mine),
             "p95_s": statistics.median(c["p95_s"] for c in mine),
             "failed": sum(c["failed"] for c in mine),
@@ -240,14 +248,15 @@ def verdicts(summary: dict[str, Any]) -> dict[str, bool]:
 def table(summary: dict[str, Any]) -> str:
     lines = [
         "| configuration | max waiting at a scrape (at any moment) | batch utilisation "
-        "(rounds) | burst duration | p50 / p95 | failed |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "(rounds) | burst duration | clients' CPU a call | p50 / p95 | failed |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, row in summary.items():
         rounds = ", ".join(f"{u:.3f}" for u in row["utilisation_rounds"])
         lines.append(
             f"| `{name}` | {row['max_waiting_at_scrape']} ({row['max_waiting']}) | "
             f"{row['utilisation']:.3f} ({rounds}) | {row['duration_s']:.2f} s | "
+            f"{row['client_cpu_ms_per_call']:.2f} ms | "
             f"{row['p50_s']:.2f} / {row['p95_s']:.2f} s | {row['failed']} |"
         )
     return "\n".join(lines)
