@@ -91,14 +91,16 @@ def test_the_most_in_any_window_slides_as_the_provider_meters() -> None:
     assert most_in_any_window(moments, amounts)[0] == window.most
 
 
-def test_a_faults_run_kills_restarts_and_loses_keys(tmp_path: Path) -> None:
+@pytest.mark.parametrize("config", ["budget-global", "budget-backfill"])
+def test_a_faults_run_kills_restarts_and_loses_keys(tmp_path: Path, config: str) -> None:
+    # (with backfill too: calls admitted past the oldest one still never overshoot)
     if missing_wiring(BUDGET_FIELDS):
         pytest.skip("needs issue 35's wiring")
-    done = run(tmp_path, "budget-global", "--faults", "--seconds", "9")
+    done = run(tmp_path, config, "--faults", "--seconds", "9", "--backfill", "5")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "goals: budget-global_overshoot<=0.02: met" in done.stdout
+    assert f"goals: {config}_overshoot<=0.02: met" in done.stdout
     row = json.loads((tmp_path / "rate-budget-goal.summary.json").read_text())["summary"]
-    row = row["budget-global"]
+    row = row[config]
     assert row["upstream_429"] == [0]  # the provider meters twice the budget
     assert row["overshoot"] == 0  # 9 s: every call in one minute, of 20,000 tokens
     kill, restart, loss = row["faults"][0]

@@ -228,14 +228,7 @@ class RateBudget:
         nothing: then the seconds until all would fit. Raises ValueError for an estimate
         that is not an int >= 0, or more than its budget's minute (it could never fit: cap
         it at the budget)."""
-        asked = self._asked(tokens, input_tokens, output_tokens)
-        now = self._advance()
-        wait = self._charge(asked, now)
-        if wait > 0.0:
-            return wait
-        for budget, amount in asked:
-            budget.reserved += amount
-        return Reservation(self, asked, now, self._epoch)
+        return self._reserve(self._asked(tokens, input_tokens, output_tokens))
 
     def take(self, tokens: int) -> float:
         """`reserve(tokens)` closed at once with `charge_in_full` (a call that cannot settle),
@@ -281,7 +274,7 @@ class RateBudget:
         asked = self._asked(tokens, None, None)
         if any(amount > left for (_, amount), left in zip(asked, spare, strict=True)):
             return None
-        taken = self.reserve(tokens)
+        taken = self._reserve(asked)
         if isinstance(taken, Reservation):
             for index, (_, amount) in enumerate(asked):
                 spare[index] -= amount
@@ -357,6 +350,16 @@ class RateBudget:
             for budget in self._budgets:
                 budget.meter.advance(now)
         return self._now
+
+    def _reserve(self, asked: tuple[tuple[MeteredBudget, int], ...]) -> Reservation | float:
+        """`reserve()` of what `_asked` made of its arguments."""
+        now = self._advance()
+        wait = self._charge(asked, now)
+        if wait > 0.0:
+            return wait
+        for budget, amount in asked:
+            budget.reserved += amount
+        return Reservation(self, asked, now, self._epoch)
 
     def _charge(self, asked: tuple[tuple[MeteredBudget, int], ...], now: float) -> float:
         """Charge every budget its part of `asked` at `now` (0.0), or none if one cannot hold
