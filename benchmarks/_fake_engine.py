@@ -5,7 +5,9 @@ a waiting queue beyond it, a KV cache, and a real `/metrics` in vLLM's expositio
 characters / 4 + `max_tokens`). It runs at once if fewer than `--batch` requests run and its
 tokens fit the KV cache (`--kv-tokens`; a request alone always fits), else it waits, FIFO, as
 vLLM's scheduler holds it in its waiting queue; it runs for `--service-ms`, then answers a
-chat completion with its usage. KV-cache usage is the running requests' tokens / the cache.
+chat completion with its usage. With `--service-spread S` each run lasts the service time x
+U(1 - S, 1 + S) (seeded draws), so that runs end apart as a real engine's do. KV-cache
+usage is the running requests' tokens / the cache.
 
 `GET /metrics` is vLLM's exposition, rendered by prometheus_client as vLLM renders it, with the
 same names, TYPE lines and labels (`model_name`, `engine`): `vllm:num_requests_running`,
@@ -19,7 +21,7 @@ requests served, the most ever waiting and running, `busy_seconds` (running / B 
 over time, exactly: at every change) and the scrapes (the last 100,000).
 
     python -m benchmarks._fake_engine --port P [--batch 64] [--service-ms 200]
-        [--kv-tokens 131072] [--model-name fake] [--legacy-names]
+        [--service-spread 0] [--kv-tokens 131072] [--model-name fake] [--legacy-names]
 
 Plain ASGI on uvicorn, 127.0.0.1 only. It does not import gym_concurrency.
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -58,8 +61,13 @@ class FakeEngine(Collector):
         kv_tokens: int = 131_072,
         model_name: str = "fake",
         legacy_names: bool = False,
+        service_spread: float = 0.0,
     ) -> None:
         self.batch, self.service_seconds, self.kv_tokens = batch, service_seconds, kv_tokens
+        # Each run lasts service_seconds x U(1 - spread, 1 + spread), the draws seeded: as a
+        # real engine's do with their output lengths, runs end apart (0: all alike).
+        self.service_spread = service_spread
+        self._draws = random.Random(0)
         self.model_name, self.legacy_names = model_name, legacy_names
         self.running = 0
         self.running_tokens = 0
@@ -108,6 +116,13 @@ class FakeEngine(Collector):
                 self._start(waiting_tokens)  # counted before it resumes: counts stay exact
                 future.set_result(None)
 
+    def _service(self) -> float:
+        """How long the next run lasts (see `service_spread`)."""
+        spread = self.service_spread
+        if not spread:
+            return self.service_seconds
+        return self.service_seconds * self._draws.uniform(1 - spread, 1 + spread)
+
     async def run(self, tokens: int) -> None:
         """Run one request of `tokens`: wait for a batch slot and cache, then the service time."""
         if self.waiting or not self._fits(tokens):
@@ -126,7 +141,7 @@ class FakeEngine(Collector):
             self._start(tokens)
         started = time.monotonic()
         try:
-            await asyncio.sleep(self.service_seconds)
+            await asyncio.sleep(self._service())
         finally:
             self._finish(tokens)
         self.served += 1
@@ -239,16 +254,20 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--batch", type=int, default=64, help="requests run at once (B)")
     parser.add_argument("--service-ms", type=float, default=200.0, help="each request's run")
+    parser.add_argument("--service-spread", type=float, default=0.0, help="fraction, [0, 1)")
     parser.add_argument("--kv-tokens", type=int, default=131_072, help="the KV cache, tokens")
     parser.add_argument("--model-name", default="fake")
     parser.add_argument("--legacy-names", action="store_true", help="vLLM <= 0.8's cache name")
     args = parser.parse_args()
     if args.batch < 1 or args.kv_tokens < 1 or not 0 <= args.service_ms <= 600_000:
         parser.error("--batch and --kv-tokens must be >= 1, --service-ms in [0, 600000]")
+    if not 0 <= args.service_spread < 1:
+        parser.error("--service-spread must be in [0, 1)")
     import uvicorn
 
+    service, spread = args.service_ms / 1e3, args.service_spread
     engine = FakeEngine(
-        args.batch, args.service_ms / 1e3, args.kv_tokens, args.model_name, args.legacy_names
+        args.batch, service, args.kv_tokens, args.model_name, args.legacy_names, spread
     )
     uvicorn.run(
         engine,

@@ -4,7 +4,9 @@ of 1,000 requests: the engine's waiting queue <= 6 at every scrape and its batch
 AIMD and gradient limits side by side.
 
 The engine is benchmarks/_fake_engine.py (`--batch` 64, `--service-ms` 200: the burst takes
-at least 1,000 / 64 x 0.2 = 3.1 s), on CPU 0. Each of `--processes` client processes
+at least 1,000 / 64 x 0.2 = 3.1 s; `--service-spread S` draws each run's time from
+U(1 - S, 1 + S) x the service time, so that runs end apart as with real output lengths), on
+CPU 0. Each of `--processes` client processes
 (benchmarks/_engine_client.py, CPU 1) sends its 1/processes of `--requests` at once, at a
 common moment, through one configured client limit (`ClientLimit`, httpx transport):
 
@@ -28,7 +30,10 @@ too. Reported per configuration (over `--rounds`, order rotating, a fresh engine
 most requests waiting at any scrape during the burst (and at any moment: the engine's own
 exact maximum), batch utilisation = the engine's busy_seconds (running / batch, integrated)
 / the burst's duration, the duration (first call sent to last answered), the client
-processes' CPU a call during the burst (they share one core), p50 / p95 latency.
+processes' CPU a call during the burst (they share one core) and the share of the burst that
+core was busy (near 1, a freed batch slot waits for the clients' CPU to be refilled: the
+limit's own cost, and httpx's connection pool's, which grows with the connections a
+process keeps), p50 / p95 latency.
 The clients' CPU is part of a burst: each waits up to --wait-quiet s for a nearly idle machine
 (`overload.wait_until_quiet`; the cores busy then are in the JSON).
 `engine` needs issue 35's wiring: without it the run stops before anything starts, saying
@@ -84,6 +89,7 @@ SETTINGS = (  # the options the JSON records
     "processes",
     "batch",
     "service_ms",
+    "service_spread",
     "adaptive_start",
     "engine_waiting_max",
     "engine_batch_size",
@@ -157,6 +163,7 @@ class Scraper:
 
 def cell(args: argparse.Namespace, config: str) -> dict[str, Any]:
     served = ["--batch", str(args.batch), "--service-ms", str(args.service_ms)]
+    served += ["--service-spread", str(args.service_spread)]
     engine = FakeUpstream(args.python, "benchmarks._fake_engine", served)
     redis = LocalRedis(args.redis_cpu) if config.endswith("-global") else None
     scraper = None
@@ -206,6 +213,8 @@ def measure(config: str, clients: list[dict[str, Any]], stats: dict[str, Any]) -
         "client_cpu_ms_per_call": 1000 * sum(c["cpu_s"] for c in clients) / stats["served"]
         if stats["served"]
         else None,
+        # The share of the burst their one core was busy: near 1, hand-offs wait for it.
+        "client_core_busy": sum(c["cpu_s"] for c in clients) / (end - begin),
         **clients_figures(clients),
     }
 
@@ -224,6 +233,7 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
             "client_cpu_ms_per_call": statistics.median(
                 c["client_cpu_ms_per_call"] or 0.0 for c in mine
             ),
+            "client_core_busy": statistics.median(c["client_core_busy"] for c in mine),
             "p50_s": statistics.median(c["p50_s"] for c in mine),
             "p95_s": statistics.median(c["p95_s"] for c in mine),
             "failed": sum(c["failed"] for c in mine),
@@ -248,7 +258,7 @@ def verdicts(summary: dict[str, Any]) -> dict[str, bool]:
 def table(summary: dict[str, Any]) -> str:
     lines = [
         "| configuration | max waiting at a scrape (at any moment) | batch utilisation "
-        "(rounds) | burst duration | clients' CPU a call | p50 / p95 | failed |",
+        "(rounds) | burst duration | clients' CPU a call (their core busy) | p50 / p95 | failed |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, row in summary.items():
@@ -256,7 +266,7 @@ def table(summary: dict[str, Any]) -> str:
         lines.append(
             f"| `{name}` | {row['max_waiting_at_scrape']} ({row['max_waiting']}) | "
             f"{row['utilisation']:.3f} ({rounds}) | {row['duration_s']:.2f} s | "
-            f"{row['client_cpu_ms_per_call']:.2f} ms | "
+            f"{row['client_cpu_ms_per_call']:.2f} ms ({row['client_core_busy']:.2f}) | "
             f"{row['p50_s']:.2f} / {row['p95_s']:.2f} s | {row['failed']} |"
         )
     return "\n".join(lines)
@@ -272,6 +282,7 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--batch", type=int, default=64, help="the engine's batch capacity")
     parser.add_argument("--service-ms", type=float, default=200.0)
+    parser.add_argument("--service-spread", type=float, default=0.0, help="fraction, [0, 1)")
     parser.add_argument("--adaptive-start", type=int, default=32, help="a process")
     parser.add_argument("--engine-waiting-max", type=int, default=None, help="6 // processes")
     parser.add_argument("--engine-batch-size", type=int, default=64)
@@ -301,6 +312,8 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
         parser.error("--processes must be in [1, 16] and --batch in [1, 4096]")
     if not 0 < args.timeout <= 600 or not 10 <= args.scrape_ms <= 10_000:
         parser.error("--timeout must be in (0, 600] and --scrape-ms in [10, 10000]")
+    if not 0 <= args.service_spread < 1:
+        parser.error("--service-spread must be in [0, 1)")
     return args, configs
 
 

@@ -42,6 +42,7 @@ def test_the_engine_goal_runs_its_baselines(tmp_path: Path) -> None:
         assert cell["duration_s"] >= 100 / 16 * 0.05 * 0.9  # the engine's own bound
         if cell["config"] == "fixed":  # 8 a process, 16 in all: the batch, never a queue
             assert cell["max_waiting"] == 0
+        assert 0 < cell["client_core_busy"] < 1.5, cell["config"]  # (their one core's share)
 
 
 def test_the_engine_configuration_says_what_wiring_it_needs(tmp_path: Path) -> None:
@@ -57,8 +58,10 @@ def test_the_engine_configuration_says_what_wiring_it_needs(tmp_path: Path) -> N
 
 def test_the_global_configurations_keep_the_queue_within_waiting_max(tmp_path: Path) -> None:
     """On a redis-server of the run (past its grace period: about 5 s a cell): a global limit
-    of batch + 6, and one following the engine with waiting_max 6 for both processes."""
-    done = run(tmp_path, "fixed-global,engine-global", "--engine-batch-size", "16")
+    of batch + 6, and one following the engine with waiting_max 6 for both processes; runs
+    that end apart (a spread of service times) too."""
+    more = ("--engine-batch-size", "16", "--service-spread", "0.5")
+    done = run(tmp_path, "fixed-global,engine-global", *more)
     assert done.returncode == 0, done.stderr[-3000:]
     cells = json.loads((tmp_path / "engine-goal.json").read_text())["cells"]
     assert {cell["config"] for cell in cells} == {"fixed-global", "engine-global"}
