@@ -24,6 +24,9 @@ common moment, through one configured client limit (`ClientLimit`, httpx transpo
               following the engine for all the processes: waiting_max =
               --engine-global-waiting-max (6) for the fleet, the rest as `engine`; the size
               moves with the engine's room (docs/engine-signals.md, "Across replicas")
+    fixed-global-flows, engine-global-flows  the same, each process's calls in a flow of its
+              own (`flow: process`): the processes take turns at the limit, where first come,
+              first served lets the first to queue hold every slot until its calls run out
 
 This run also scrapes /metrics every --scrape-ms itself, so that the baselines have scrapes
 too. Reported per configuration (over `--rounds`, order rotating, a fresh engine a cell): the
@@ -81,7 +84,16 @@ from benchmarks._shared_cost_redis import LocalRedis
 from benchmarks._source import PROJECT_ROOT, use_source_tree
 from benchmarks.overload import load_average, wait_until_quiet
 
-CONFIGS = ("fixed", "fixed-global", "aimd", "gradient", "engine", "engine-global")
+CONFIGS = (
+    "fixed",
+    "fixed-global",
+    "fixed-global-flows",
+    "aimd",
+    "gradient",
+    "engine",
+    "engine-global",
+    "engine-global-flows",
+)
 GOALS = {"engine_max_waiting_at_scrape": 6, "engine_batch_utilisation": 0.95}
 SETTINGS = (  # the options the JSON records
     "rounds",
@@ -109,6 +121,9 @@ def settings_for(
     """The ConcurrencySettings (as JSON data) one client process of `config` runs with."""
     client: dict[str, Any] = {"limit_name": "upstream", "retry": None}
     settings: dict[str, Any] = {"component": "engine_goal", "clients": [client]}
+    if config.endswith("-flows"):  # each process in a flow of its own: they take turns
+        client["flow"] = "process"
+        config = config.removesuffix("-flows")
     if config == "fixed":
         client["max_concurrent"] = max(1, args.batch // args.processes)
     elif config == "fixed-global":  # the batch and the queue the engine goal allows, known
@@ -165,7 +180,7 @@ def cell(args: argparse.Namespace, config: str) -> dict[str, Any]:
     served = ["--batch", str(args.batch), "--service-ms", str(args.service_ms)]
     served += ["--service-spread", str(args.service_spread)]
     engine = FakeUpstream(args.python, "benchmarks._fake_engine", served)
-    redis = LocalRedis(args.redis_cpu) if config.endswith("-global") else None
+    redis = LocalRedis(args.redis_cpu) if "-global" in config else None
     scraper = None
     try:
         if redis is not None:
@@ -244,7 +259,7 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
 
 def verdicts(summary: dict[str, Any]) -> dict[str, bool]:
     out: dict[str, bool] = {}
-    for name in ("engine", "engine-global"):
+    for name in ("engine", "engine-global", "engine-global-flows"):
         row = summary.get(name)
         if not row:
             continue
@@ -320,7 +335,9 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
 def main() -> None:
     args, configs = parse()
     args.source = str(use_source_tree(args.source))  # the probe below reads that tree too
-    if {"engine", "engine-global"} & set(configs) and (missing := missing_wiring(("engine",))):
+    if {"engine", "engine-global", "engine-global-flows"} & set(configs) and (
+        missing := missing_wiring(("engine",))
+    ):
         sys.exit(wiring_error("engine", missing))
     start = RunStart()
     cells: list[dict[str, Any]] = []

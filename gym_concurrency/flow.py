@@ -4,16 +4,24 @@ handles queue their work in it unless told otherwise (their `flow=` left at `ROU
 
 A context variable, as the deadline is (deadline.py): it follows the request's task and the
 tasks it starts, and nothing else. Outside a request it is None, the default flow.
+
+`process_flow()` names this process instead: replicas that share a global limit, each in a
+flow of its own, take turns at it rather than one replica's burst holding every slot.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import socket
 from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Final
 
-__all__ = ["ROUTE_FLOW", "flow_or_route", "request_flow", "within_flow"]
+__all__ = ["ROUTE_FLOW", "flow_or_route", "process_flow", "request_flow", "within_flow"]
+
+_HOST_CHARACTERS: Final = 100  # a flow on a global limit is at most 128 characters
 
 _FLOW: ContextVar[Hashable] = ContextVar("gym_concurrency.flow", default=None)
 
@@ -35,6 +43,17 @@ being handled when the work starts; None (the default flow) outside one."""
 def request_flow() -> Hashable:
     """The flow of the request being handled; None: the default flow, or no request."""
     return _FLOW.get()
+
+
+def process_flow() -> str:
+    """This process's flow: `host:pid` (the host name cut to 100 characters), read anew in a
+    forked child."""
+    return _named(os.getpid())
+
+
+@functools.lru_cache(maxsize=1)
+def _named(pid: int) -> str:
+    return f"{socket.gethostname()[:_HOST_CHARACTERS]}:{pid}"
 
 
 def flow_or_route(flow: Hashable) -> Hashable:

@@ -3,9 +3,10 @@
 the code that makes it gives its own.
 
 Flows: `route` (ROUTE_FLOW: the flow of the request being handled when the call is made),
-`none` (the default flow) or `header:<name>` (that header of the outgoing request, cut to
-MAX_FLOW_CHARACTERS). Weights: an int, or `openai_tokens` (the outgoing body, in tokens); a
-token estimate (`ClientLimit.tokens`, on a limit with a budget) the same (None: the weight).
+`none` (the default flow), `process` (this process's own flow, `process_flow()`, read at each
+call) or `header:<name>` (that header of the outgoing request, cut to MAX_FLOW_CHARACTERS).
+Weights: an int, or `openai_tokens` (the outgoing body, in tokens); a token estimate
+(`ClientLimit.tokens`, on a limit with a budget) the same (None: the weight).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Final
 
 from gym_concurrency.clients import openai_tokens
 from gym_concurrency.clients.weights import RequestFlow, RequestWeight
-from gym_concurrency.flow import ROUTE_FLOW
+from gym_concurrency.flow import ROUTE_FLOW, process_flow
 
 from .asks import MAX_FLOW_CHARACTERS
 from .settings import ClientLimit
@@ -54,9 +55,17 @@ def configured_ask(
             flow = ROUTE_FLOW
         elif source == "none":
             flow = None
+        elif source == "process":
+            flow = _this_process
         else:
             flow = HeaderFlow(source.removeprefix("header:"))
     return weight, flow, tokens
+
+
+def _this_process(request: Any) -> Hashable:
+    """`flow: process`: the calling process's flow, whatever the request (a transport made
+    before a fork queues each child's calls in the child's own)."""
+    return process_flow()
 
 
 def _pricer(setting: int | str) -> RequestWeight:

@@ -58,13 +58,14 @@ def test_the_engine_configuration_says_what_wiring_it_needs(tmp_path: Path) -> N
 
 def test_the_global_configurations_keep_the_queue_within_waiting_max(tmp_path: Path) -> None:
     """On a redis-server of the run (past its grace period: about 5 s a cell): a global limit
-    of batch + 6, and one following the engine with waiting_max 6 for both processes; runs
-    that end apart (a spread of service times) too."""
+    of batch + 6, and one following the engine with waiting_max 6 for both processes (also
+    with each process in a flow of its own); runs that end apart (a spread of service times)
+    too."""
     more = ("--engine-batch-size", "16", "--service-spread", "0.5")
-    done = run(tmp_path, "fixed-global,engine-global", *more)
+    done = run(tmp_path, "fixed-global,engine-global,engine-global-flows", *more)
     assert done.returncode == 0, done.stderr[-3000:]
     cells = json.loads((tmp_path / "engine-goal.json").read_text())["cells"]
-    assert {cell["config"] for cell in cells} == {"fixed-global", "engine-global"}
+    assert {c["config"] for c in cells} == {"fixed-global", "engine-global", "engine-global-flows"}
     for cell in cells:
         assert cell["completed"] == cell["served"] == 100, cell["config"]
         assert cell["max_waiting"] <= 6, cell["config"]  # at any moment, fleet-wide

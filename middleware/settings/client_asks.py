@@ -19,12 +19,15 @@ __all__ = [
     "check_client_flow_headers",
 ]
 
-_FLOWS = "'route' (the flow of the request being handled), 'none' or 'header:<name>'"
+_FLOWS = (
+    "'route' (the flow of the request being handled), 'none', 'process' (this process's own) "
+    "or 'header:<name>'"
+)
 _WEIGHTS = "an int >= 1 or 'openai_tokens'"
 
 
 def _check_flow(value: str) -> str:
-    if value in ("route", "none"):
+    if value in ("route", "none", "process"):
         return value
     kind, colon, name = value.partition(":")
     if kind != "header" or not colon or not name:

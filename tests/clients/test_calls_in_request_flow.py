@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from gym_concurrency import MeteredSemaphore, tokens
 from gym_concurrency.clients import ROUTE_FLOW
-from gym_concurrency.flow import within_flow
+from gym_concurrency.flow import process_flow, within_flow
 from tests.clients.callers import KINDS, Caller
 from tests.clients.upstream import Reply, Upstream
 from tests.servers import eventually
@@ -103,6 +103,7 @@ class ConfiguredCaller(Caller):
         ({}, {}, [("tenant-a", 1)]),  # flow: route, the default
         ({"flow": "none"}, {}, [(None, 1)]),
         ({"flow": "header:x-env"}, {}, [("env-1", 1)]),
+        ({"flow": "process"}, {}, [(process_flow(), 1)]),  # this process's, not the route's
         ({"weight": 3}, {}, [("tenant-a", 3)]),
         ({"flow": "none", "weight": 3}, {"flow": "batch", "weight": 2}, [("batch", 2)]),
         ({"flow": "none"}, {"flow": ROUTE_FLOW}, [("tenant-a", 1)]),
@@ -153,6 +154,7 @@ async def test_a_reload_changes_what_calls_ask_for_where_the_settings_decide(
     ("fields", "error"),
     [
         ({"flow": "tenant"}, "clients.0.flow\n  Value error, must be 'route'"),
+        ({"flow": "processes"}, "'none', 'process' (this process's own) or 'header:<name>'"),
         ({"flow": "header:"}, "clients.0.flow\n  Value error, must be 'route'"),
         ({"flow": "query:x"}, "clients.0.flow\n  Value error, must be 'route'"),
         ({"flow": "header:x env"}, "clients.0.flow\n  Value error, 'x env' is not an HTTP header"),

@@ -8,7 +8,13 @@ import asyncio
 
 import pytest
 
-from gym_concurrency.flow import ROUTE_FLOW, flow_or_route, request_flow, within_flow
+from gym_concurrency.flow import (
+    ROUTE_FLOW,
+    flow_or_route,
+    process_flow,
+    request_flow,
+    within_flow,
+)
 
 
 async def test_the_flow_holds_in_the_block_and_the_tasks_it_starts() -> None:
@@ -67,3 +73,23 @@ def test_a_bad_flow_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match="ROUTE_FLOW"), within_flow(ROUTE_FLOW):
         pass
     assert request_flow() is None
+
+
+def test_a_process_flow_names_the_host_and_the_process_and_a_forked_child_its_own() -> None:
+    import multiprocessing
+    import os
+    import socket
+
+    mine = process_flow()
+    assert mine == f"{socket.gethostname()[:100]}:{os.getpid()}"
+    assert len(mine) <= 128  # (what a flow on a global limit may be)
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:  # forked after this process named its flow (cached)
+        child, child_pid = pool.apply(_flow_and_pid)
+    assert child == f"{socket.gethostname()[:100]}:{child_pid}" != mine
+
+
+def _flow_and_pid() -> tuple[str, int]:
+    import os
+
+    return process_flow(), os.getpid()
