@@ -267,7 +267,12 @@ def main() -> None:
 
     service, spread = args.service_ms / 1e3, args.service_spread
     engine = FakeEngine(
-        args.batch, service, args.kv_tokens, args.model_name, args.legacy_names, spread
+        args.batch,
+        service,
+        args.kv_tokens,
+        args.model_name,
+        args.legacy_names,
+        service_spread=spread,
     )
     uvicorn.run(
         engine,

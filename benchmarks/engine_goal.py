@@ -6,9 +6,9 @@ AIMD and gradient limits side by side.
 The engine is benchmarks/_fake_engine.py (`--batch` 64, `--service-ms` 200: the burst takes
 at least 1,000 / 64 x 0.2 = 3.1 s; `--service-spread S` draws each run's time from
 U(1 - S, 1 + S) x the service time, so that runs end apart as with real output lengths), on
-CPU 0. Each of `--processes` client processes
-(benchmarks/_engine_client.py, CPU 1) sends its 1/processes of `--requests` at once, at a
-common moment, through one configured client limit (`ClientLimit`, httpx transport):
+CPU 0. Each of `--processes` client processes (benchmarks/_engine_client.py, CPU 1) sends its
+1/processes of `--requests` at once, at a common moment, through one configured client limit
+(`ClientLimit`, httpx transport):
 
     fixed     max_concurrent = batch / processes (16): the batch exactly, known in advance
     fixed-global  one global limit of batch + --engine-global-waiting-max (70) for all the
@@ -259,7 +259,7 @@ def summarize(cells: list[dict[str, Any]]) -> dict[str, Any]:
 
 def verdicts(summary: dict[str, Any]) -> dict[str, bool]:
     out: dict[str, bool] = {}
-    for name in ("engine", "engine-global", "engine-global-flows"):
+    for name in (config for config in CONFIGS if config.startswith("engine")):
         row = summary.get(name)
         if not row:
             continue
@@ -335,9 +335,8 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
 def main() -> None:
     args, configs = parse()
     args.source = str(use_source_tree(args.source))  # the probe below reads that tree too
-    if {"engine", "engine-global", "engine-global-flows"} & set(configs) and (
-        missing := missing_wiring(("engine",))
-    ):
+    engines = [config for config in configs if config.startswith("engine")]
+    if engines and (missing := missing_wiring(("engine",))):
         sys.exit(wiring_error("engine", missing))
     start = RunStart()
     cells: list[dict[str, Any]] = []

@@ -21,7 +21,7 @@ from typing import Final
 
 __all__ = ["ROUTE_FLOW", "flow_or_route", "process_flow", "request_flow", "within_flow"]
 
-_HOST_CHARACTERS: Final = 100  # a flow on a global limit is at most 128 characters
+_HOST_CHARACTERS: Final = 100  # host:pid within the 128 characters the middleware keeps
 
 _FLOW: ContextVar[Hashable] = ContextVar("gym_concurrency.flow", default=None)
 
@@ -53,6 +53,7 @@ def process_flow() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _named(pid: int) -> str:
+    """The flow of process `pid` of this host (one kept: a forked child asks for its own)."""
     return f"{socket.gethostname()[:_HOST_CHARACTERS]}:{pid}"
 
 

@@ -15,7 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks._goal_parts import missing_wiring
+from benchmarks.engine_goal import parse, settings_for
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--rounds", "1", "--requests", "100", "--processes", "2", "--batch", "16"]
@@ -59,9 +62,8 @@ def test_the_engine_configuration_says_what_wiring_it_needs(tmp_path: Path) -> N
 def test_the_global_configurations_keep_the_queue_within_waiting_max(tmp_path: Path) -> None:
     """On a redis-server of the run (past its grace period: about 5 s a cell): a global limit
     of batch + 6, and one following the engine with waiting_max 6 for both processes (also
-    with each process in a flow of its own); runs that end apart (a spread of service times)
-    too."""
-    more = ("--engine-batch-size", "16", "--service-spread", "0.5")
+    with each process in a flow of its own)."""
+    more = ("--engine-batch-size", "16")
     done = run(tmp_path, "fixed-global,engine-global,engine-global-flows", *more)
     assert done.returncode == 0, done.stderr[-3000:]
     cells = json.loads((tmp_path / "engine-goal.json").read_text())["cells"]
@@ -69,3 +71,29 @@ def test_the_global_configurations_keep_the_queue_within_waiting_max(tmp_path: P
     for cell in cells:
         assert cell["completed"] == cell["served"] == 100, cell["config"]
         assert cell["max_waiting"] <= 6, cell["config"]  # at any moment, fleet-wide
+
+
+def test_a_flows_configuration_is_its_own_with_each_process_in_a_flow_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["engine_goal", "--configs", "fixed-global-flows"])
+    args, _ = parse()
+    urls = ("http://127.0.0.1:1", "redis://127.0.0.1:2/0")
+    plain = settings_for("fixed-global", args, *urls)
+    flows = settings_for("fixed-global-flows", args, *urls)
+    assert flows["clients"][0].pop("flow") == "process"
+    assert "flow" not in plain["clients"][0]  # (the default: the request's, none here)
+    assert flows == plain  # otherwise the same limit
+
+
+def test_a_spread_of_run_times_reaches_the_engine_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    done = run(tmp_path, "fixed", "--service-spread", "0.5")
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_json = json.loads((tmp_path / "engine-goal.json").read_text())
+    assert run_json["settings"]["service_spread"] == 0.5
+    (cell,) = run_json["cells"]
+    assert cell["completed"] == 100
+    assert cell["duration_s"] >= 100 / 16 * 0.05 * 0.5 * 0.9  # runs of at least half the time
+    refused = run(tmp_path, "fixed", "--service-spread", "1")
+    assert refused.returncode != 0
+    assert "--service-spread must be in [0, 1)" in refused.stderr

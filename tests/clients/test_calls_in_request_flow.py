@@ -148,6 +148,13 @@ async def test_a_reload_changes_what_calls_ask_for_where_the_settings_decide(
         client.reconfigure(client.config.model_copy(update={"flow": "none", "weight": 2}))
         assert await held_while_answered(by_settings, upstream, limit, "tenant-a") == [(None, 2)]
         assert await held_while_answered(by_code, upstream, limit, "tenant-a") == [("batch", 2)]
+        client.reconfigure(client.config.model_copy(update={"flow": "process"}))
+        mine = [(process_flow(), 2)]
+        assert await held_while_answered(by_settings, upstream, limit, "tenant-a") == mine
+        client.reconfigure(client.config.model_copy(update={"flow": "route", "weight": 1}))
+        assert await held_while_answered(by_settings, upstream, limit, "tenant-a") == [
+            ("tenant-a", 1)
+        ]
 
 
 @pytest.mark.parametrize(

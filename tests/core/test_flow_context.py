@@ -5,6 +5,9 @@ when work starts."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import os
+import socket
 
 import pytest
 
@@ -76,13 +79,9 @@ def test_a_bad_flow_is_refused_naming_it() -> None:
 
 
 def test_a_process_flow_names_the_host_and_the_process_and_a_forked_child_its_own() -> None:
-    import multiprocessing
-    import os
-    import socket
-
     mine = process_flow()
     assert mine == f"{socket.gethostname()[:100]}:{os.getpid()}"
-    assert len(mine) <= 128  # (what a flow on a global limit may be)
+    assert len(mine) <= 128  # (the middleware's MAX_FLOW_CHARACTERS: never cut)
     context = multiprocessing.get_context("fork")
     with context.Pool(1) as pool:  # forked after this process named its flow (cached)
         child, child_pid = pool.apply(_flow_and_pid)
@@ -90,6 +89,4 @@ def test_a_process_flow_names_the_host_and_the_process_and_a_forked_child_its_ow
 
 
 def _flow_and_pid() -> tuple[str, int]:
-    import os
-
     return process_flow(), os.getpid()
