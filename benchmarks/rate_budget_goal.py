@@ -224,7 +224,9 @@ def run_with_faults(
 
 def restart_redis(redis: LocalRedis) -> dict[str, Any]:
     """Stop the run's redis-server and start it again on the same port, with the same command
-    (no persistence: its state is lost); how long it was away, the keys it then had."""
+    (no persistence: its state is lost); how long it was away, the keys it loaded from disk as
+    it started (0: none kept) and the keys it had when it first answered here (the clients,
+    which try again every quarter of a second, may have written some by then)."""
     import redis as redis_py
 
     command = redis.process.args
@@ -237,12 +239,14 @@ def restart_redis(redis: LocalRedis) -> dict[str, Any]:
     while True:
         try:
             keys = redis.client.dbsize()
+            loaded = int(redis.client.info("persistence")["rdb_last_load_keys_loaded"])
             break
         except redis_py.RedisError:
             if redis.process.poll() is not None or time.monotonic() > stopped + 10:
                 raise RuntimeError("the restarted redis-server did not answer") from None
             time.sleep(0.02)
-    return {"away_s": round(time.monotonic() - stopped, 3), "keys_after": keys}
+    away = round(time.monotonic() - stopped, 3)
+    return {"away_s": away, "keys_loaded": loaded, "keys_after": keys}
 
 
 def lose_keys(redis: LocalRedis) -> dict[str, Any]:

@@ -113,7 +113,8 @@ def test_a_faults_run_kills_restarts_and_loses_keys(tmp_path: Path, config: str)
         assert fault["at_s"] >= planned - 0.05, fault  # (later if a replacement starts slowly)
     assert kill["exit"] == -9
     assert kill["replacement_from_s"] > kill["at_s"]
-    assert restart["keys_after"] == 0  # no persistence: the state is lost
+    assert restart["keys_loaded"] == 0  # no persistence: the state is lost
+    # (the keys it had when first asked may be the clients' again: they retry every 0.25 s)
     assert loss["keys_deleted"] >= 1
     cell = json.loads((tmp_path / "rate-budget-goal.json").read_text())["cells"][0]
     assert len(cell["limits"]) == 2  # the survivor and the replacement
