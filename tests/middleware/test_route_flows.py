@@ -324,6 +324,8 @@ async def test_the_settings_bound_the_flow_names_each_limit_exports(
                 assert held_by_flow() == {"tenant-a": 1, "top:1": 1}
                 held.release("a", "b")
                 await asyncio.gather(first, second)
+                # (a client can read the whole answer before the server's release runs)
+                await eventually(lambda: limit.active == 0, "both requests' slots given back")
                 assert held_by_flow() == {"tenant-a": 0, "top:1": 0}
     finally:
         set_flow_names_per_limit(DEFAULT_FLOW_NAMES_PER_LIMIT)
