@@ -26,7 +26,8 @@ CPU 0. Each of `--processes` client processes (benchmarks/_engine_client.py, CPU
               moves with the engine's room (docs/engine-signals.md, "Across replicas")
     fixed-global-flows, engine-global-flows  the same, each process's calls in a flow of its
               own (`flow: process`): the processes take turns at the limit, where first come,
-              first served lets the first to queue hold every slot until its calls run out
+              first served lets the first to queue take every slot that frees until its calls
+              run out
 
 This run also scrapes /metrics every --scrape-ms itself, so that the baselines have scrapes
 too. Reported per configuration (over `--rounds`, order rotating, a fresh engine a cell): the
