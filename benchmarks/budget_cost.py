@@ -1,10 +1,11 @@
 """What a rate budget adds to a MeteredSemaphore's admission, as ratios in the same run.
 
 Run `python -m benchmarks.budget_cost` from the project root (`--quick` for a smoke pass,
-`--json PATH` for the raw figures). Each benchmark times the same admission on a limit
-without a budget (the baseline), with a budget of tokens and requests a minute too large to
-ever refuse (so every admission reserves and closes a reservation, and none waits for the
-budget), and, where the caller settles, through `hold()` with a usage:
+`--json PATH` for the raw figures, `--baseline PATH` to time another checkout's budgeted
+semaphore beside this tree's: before / after in one run). Each benchmark times the same
+admission on a limit without a budget (the baseline) and with a budget of tokens and requests
+a minute too large to ever refuse (so every admission charges the budget, and none waits for
+it), and, where the caller settles, through `hold()` with a usage:
 
 - uncontended: `async with sem: pass` in one task, every acquire finds a free slot;
 - contended: 64 tasks on 8 slots, the body awaits once (core.py's 1b);
@@ -24,6 +25,7 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make the project root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -31,6 +33,7 @@ if __package__ in (None, ""):  # run as a script: make the project root importab
 from fastapi import FastAPI, Request
 from gym_concurrency.middleware import ConcurrencyLimitMiddleware, ConcurrencySettings, RouteLimit
 
+from benchmarks._baseline import load as load_baseline
 from benchmarks._timing import Case, Settings, compare, markdown_table, now_ns
 from benchmarks.core import contended, machine, metered, uncontended
 from benchmarks.middleware_inprocess import driver
@@ -131,13 +134,34 @@ BENCHMARKS = {
 TARGET = 1.3
 
 
+def baseline_cases(name: str, library: Any) -> list[Case]:
+    """The budgeted cases of benchmark `name` run on `library`, another tree's gym_concurrency."""
+
+    def theirs(slots: int) -> MeteredSemaphore:
+        budget = library.limits.rate_budget.RateBudget(
+            tokens_per_minute=LARGE, requests_per_minute=LARGE
+        )
+        return library.MeteredSemaphore(slots, budget=budget)  # type: ignore[no-any-return]
+
+    if name == "uncontended":
+        return [
+            Case("with a budget (baseline)", uncontended(theirs)),
+            Case("hold() + settle (baseline)", uncontended_settled(theirs)),
+        ]
+    if name == "contended":
+        return [Case("with a budget (baseline)", contended(theirs))]
+    return []
+
+
 async def main(argv: list[str] | None = None) -> int:
     """Print one Markdown table a benchmark; the ratios against the 1.3x goal."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few short rounds (smoke test)")
     parser.add_argument("--rounds", type=int, help="rounds per comparison")
     parser.add_argument("--json", type=Path, help="write the raw figures here")
+    parser.add_argument("--baseline", type=Path, help="a checkout to time beside this tree")
     args = parser.parse_args(argv)
+    library = None if args.baseline is None else load_baseline(args.baseline)
     settings = Settings.quick() if args.quick else Settings()
     if args.rounds:
         settings = Settings(rounds=args.rounds, min_round_ns=settings.min_round_ns)
@@ -145,7 +169,8 @@ async def main(argv: list[str] | None = None) -> int:
     raw = []
     for name, (title, cases) in BENCHMARKS.items():
         unit = "request" if name == "request" else "acquire"
-        comparison = await compare(title, cases(), settings, unit=unit)
+        chosen = cases() + ([] if library is None else baseline_cases(name, library))
+        comparison = await compare(title, chosen, settings, unit=unit)
         print(markdown_table(comparison, {"with a budget": TARGET}), "\n", flush=True)
         raw.append(comparison.to_json())
     if args.json:

@@ -5,7 +5,6 @@ units of weight, and serves flows fairly (flows.py); its waiters live in its Wai
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Hashable
 
 from ..deadline import deadline_remaining, request_deadline
@@ -14,17 +13,17 @@ from ._base import LimitBase, check_count
 from .admission_counts import AdmissionCounts
 from .asks import check_weight, not_held
 from .backfill import check_backfill_seconds
+from .budget_allowance import no_allowance
 from .caps import CappedHolds
 from .deadlines import check_deadline
 from .flows import Ask, FlowStatistics, flow_statistics
 from .limit import Admission
+from .queue_timer import QueueTimer
 from .rate_budget import RateBudget, Reservation
 from .upstream import UpstreamGate
 from .wait_queue import WaitQueue
 
 __all__ = ["MeteredSemaphore"]
-
-_CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 
 Waiter = asyncio.Future[Admission]
 
@@ -87,11 +86,12 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         self._caps = CappedHolds()  # holders admitted at a shrunk limit's size, below their ask
         self._backfilled = 0
         self._gate = UpstreamGate.of(self._upstream, self._admit_waiters)
-        self._queue = WaitQueue(self._held_by, backfill_seconds, always_fair=self._gate is not None)
+        self._allowed = no_allowance if self._gate is None else self._gate.allowed  # (one call)
+        self._queue = WaitQueue(self._held_by, backfill_seconds, estimates=self._gate is not None)
         # The queue's waiters in arrival order, read (never written) here: on the hot paths an
         # attribute of the queue costs the uncontended `async with` about 2% more instructions.
         self._waiting = self._queue.waiters
-        self._timer: asyncio.TimerHandle | None = None  # the timeout's, for the oldest waiter
+        self._timer = QueueTimer(self._time_out, self._queue.next_due)  # the limit's timeout
         self._register()
 
     # --- state -----------------------------------------------------------------------
@@ -177,11 +177,15 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     async def __aenter__(self) -> None:
         # `acquire()` with the defaults; try_acquire() inline: a call on the uncontended path
         # costs it 14% (docs/performance.md, issue 34).
-        if self._gate is not None:  # the upstream's reservation is charged in full
-            await self.acquire()
-            return
-        if self._active < self._limit and not self._waiting and not self._handed:
+        free = self._active < self._limit and not self._waiting and not self._handed
+        if free and (self._gate is None or self._allowed(1)):  # a budget's allowance: one call
             self._active += 1
+            return
+        if self._gate is not None:  # acquire(), one coroutine less: charged in full
+            if not self.try_acquire():
+                reservation = await self._reserve(1, None, None, None)
+                if reservation is not None:
+                    reservation.charge_in_full()
             return
         # wait_in_queue(), inline (one coroutine less): the contended path is the hot one too.
         deadline = None if request_deadline() is None else deadline_remaining()
@@ -274,12 +278,12 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         due = None
         if self._timeout is not None:
             due = loop.time() + self._timeout
-            if self._timer is None:
-                self._timer = loop.call_at(due, self._time_out)
+            self._timer.arm(loop, due)
         queue.add(waiter, weight, flow, due, estimate)
         if deadline is not None and (self._timeout is None or deadline < self._timeout):
             queue.arm(waiter, deadline, self._deadline_passed)
-        choosing = queue.fair and (not queue.holding or queue.backfill_seconds)
+        fair = queue.fair or gate is not None  # (an upstream may hold the oldest back)
+        choosing = fair and (not queue.holding or queue.backfill_seconds)
         if choosing and self._active < self._limit and not self._handed:
             self._admit_fairly()  # it does not fit: it is chosen, and capacity held for it
         return waiter
@@ -326,22 +330,16 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             self._end_late(waiter, "deadline")
             self._forget(waiter)  # the capacity held for it moves on
 
-    def _time_out(self) -> None:
-        """The limit's timer: every waiter whose timeout has passed (the oldest ones) ends
-        "timeout"; then the timer is armed again for the oldest waiter left."""
-        self._timer = None
-        loop = asyncio.get_running_loop()
+    def _time_out(self, now: float) -> None:
+        """The limit's timer (queue_timer.py): every waiter whose timeout has passed by `now`
+        (the oldest ones) ends "timeout"."""
         queue = self._queue
         held_for = False
-        now = loop.time() + _CLOCK_RESOLUTION  # as the loop itself decides a timer is due
         gate = self._gate  # "budget" / "saturated" while it holds back the one chosen next
         refusal = "timeout" if gate is None else gate.late(queue, self._active, self._limit)
         for waiter in queue.due(now):
             held_for |= queue.remove(waiter)
             self._end_late(waiter, refusal)
-        due = queue.next_due()
-        if due is not None:
-            self._timer = loop.call_at(due, self._time_out)
         if held_for and self._waiting:
             self._admit_waiters()  # the capacity held for the one that timed out moves on
 
@@ -356,7 +354,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     def _admit_waiters(self) -> None:
         """Hand free capacity to the next waiters: the oldest (one flow, weight 1), or fairly."""
         queue = self._queue
-        if queue.fair:
+        if queue.fair or self._gate is not None:  # (an upstream may hold the oldest back)
             self._admit_fairly()
             return
         while self._active < self._limit:

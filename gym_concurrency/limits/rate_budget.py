@@ -31,6 +31,10 @@ how the minute is metered (docs/rate-budgets.md compares them):
   fits then, and `reserve_within(tokens, spare)` reserves one of them within that.
 - `statistics()` reads every budget at once as one frozen value, as anyio's CapacityLimiter
   answers.
+- `allowance` (budget_allowance.py): a sliding budget with no provider's word in force lets
+  `take` and `reserve` (no split) go for the rest of the second without reading its meters,
+  as long as what every meter held when it opened lasts; a limit's uncontended `async with`
+  asks only it.
 
 An estimate is what the limit's weight rules price a call at (`openai_tokens`: the prompt's
 characters / 4 plus its `max_tokens`, else a default output; a `json:` number; an int): the
@@ -42,9 +46,10 @@ calls it on its admission path and reads `statistics()` at export.
 from __future__ import annotations
 
 import math
+import sys
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol, get_args
+from collections.abc import Callable
+from typing import get_args
 
 from ..usage import Usage
 from ._budget_parts import (
@@ -55,6 +60,9 @@ from ._budget_parts import (
     ProviderWord,
     RateBudgetStatistics,
 )
+from .budget_allowance import BudgetAllowance
+from .budget_reservation import BudgetReservation, OwnedReservation, Reservation
+from .rate_window import slot_of, slot_start
 
 __all__ = [
     "BUDGETS",
@@ -73,103 +81,19 @@ __all__ = [
 BUDGETS: tuple[BudgetName, ...] = get_args(BudgetName)
 
 
-class BudgetReservation(Protocol):
-    """What a limit hands a caller with its slots, whatever keeps the budget (a RateBudget in
-    the process: `Reservation`; Redis: a shared limit's): closed exactly once by the caller,
-    with `settle(usage)`, `charge_in_full()` or `cancel()` (each raises ValueError if closed)."""
-
-    @property
-    def open(self) -> bool: ...
-    def estimate(self, budget: BudgetName) -> int: ...
-    def settle(self, usage: Usage | int) -> None: ...
-    def charge_in_full(self) -> None: ...
-    def cancel(self) -> None: ...
-
-
-class _Closer(Protocol):
-    """The budget that made a reservation: it closes it (and charges or refunds)."""
-
-    def settle(self, reservation: Any, usage: Usage | int) -> None: ...
-    def charge_in_full(self, reservation: Any) -> None: ...
-    def cancel(self, reservation: Any) -> None: ...
-
-
-class OwnedReservation:
-    """An estimate on each budget (`requests`: 1) that the budget which made it closes
-    exactly once: `settle`, `charge_in_full` or `cancel`, its own or its budget's (the same).
-    It keeps whether it is closed; its budget asks it to close with `closed_by`."""
-
-    __slots__ = ("_done", "_owner")
-
-    def __init__(self, owner: _Closer) -> None:
-        self._owner = owner
-        self._done = False
-
-    @property
-    def open(self) -> bool:
-        """Not settled, charged in full nor cancelled yet."""
-        return not self._done
-
-    def closed_by(self, owner: object, maker: str) -> None:
-        """Closed now by `owner` (`maker` names it); ValueError if `owner` did not make it
-        or it was closed already."""
-        if self._owner is not owner:
-            raise ValueError(f"{self!r} was not made by {maker}")
-        if self._done:
-            raise ValueError(f"{self!r} is already closed")
-        self._done = True
-
-    def named(self) -> Iterator[tuple[BudgetName, int]]:
-        """Each budget's name and what this reservation took of it."""
-        raise NotImplementedError
-
-    def estimate(self, budget: BudgetName) -> int:
-        """What this reservation took from `budget` (0: not configured)."""
-        return next((amount for name, amount in self.named() if name == budget), 0)
-
-    def settle(self, usage: Usage | int) -> None:
-        """The budget's `settle(self, usage)`: the call used `usage`; the rest is refunded."""
-        self._owner.settle(self, usage)
-
-    def charge_in_full(self) -> None:
-        """The budget's `charge_in_full(self)`: the call ended without usage."""
-        self._owner.charge_in_full(self)
-
-    def cancel(self) -> None:
-        """The budget's `cancel(self)`: the call was never sent; all of it comes back."""
-        self._owner.cancel(self)
-
-    def __repr__(self) -> str:
-        taken = ", ".join(f"{name}={amount}" for name, amount in self.named())
-        return f"<{type(self).__name__} {taken}{'' if self.open else ' closed'}>"
-
-
-class Reservation(OwnedReservation):
-    """What one admission took from a RateBudget (an OwnedReservation): an estimate on each
-    of its budgets, and when (`at`, on the budget's clock; `epoch`). A BudgetReservation."""
-
-    __slots__ = ("at", "epoch", "estimates")
-
-    def __init__(
-        self,
-        owner: RateBudget,
-        estimates: tuple[tuple[MeteredBudget, int], ...],
-        at: float,
-        epoch: int,
-    ) -> None:
-        super().__init__(owner)
-        self.estimates = estimates
-        self.at = at  # when it was charged, on the budget's clock
-        self.epoch = epoch
-
-    def named(self) -> Iterator[tuple[BudgetName, int]]:
-        return ((budget.name, amount) for budget, amount in self.estimates)
-
-
 class RateBudget:
     """Per-minute budgets of tokens and requests (see the module's docstring)."""
 
-    __slots__ = ("_budgets", "_by_name", "_cap", "_clock", "_epoch", "_now", "shape")
+    __slots__ = (
+        "_allowance",
+        "_budgets",
+        "_by_name",
+        "_cap",
+        "_clock",
+        "_epoch",
+        "_now",
+        "shape",
+    )
 
     def __init__(
         self,
@@ -205,6 +129,14 @@ class RateBudget:
         self._clock = clock
         self._epoch = 0  # one more at every provider report
         self._now = -math.inf  # the latest time seen: the clock never goes back here
+        self._allowance = BudgetAllowance(clock)  # opened by a charge (sliding budgets only)
+
+    @property
+    def allowance(self) -> BudgetAllowance:
+        """What calls may take until the current second ends without asking this budget's
+        meters (budget_allowance.py): `allowance.take(tokens)` is `take(tokens) == 0.0` when it
+        holds them, else False with nothing taken (then ask `take`)."""
+        return self._allowance
 
     @property
     def limits(self) -> dict[BudgetName, int]:
@@ -228,13 +160,23 @@ class RateBudget:
         nothing: then the seconds until all would fit. Raises ValueError for an estimate
         that is not an int >= 0, or more than its budget's minute (it could never fit: cap
         it at the budget)."""
+        whole = input_tokens is None and output_tokens is None  # (the allowance's kind)
+        if whole and tokens.__class__ is int and tokens >= 0 and self._allowance.take(tokens):
+            return self._allowed(tokens)
         return self._reserve(self._asked(tokens, input_tokens, output_tokens))
 
     def take(self, tokens: int) -> float:
         """`reserve(tokens)` closed at once with `charge_in_full` (a call that cannot settle),
         without a Reservation: 0.0 if taken, else the seconds until it would fit (nothing
         charged). The same ValueError as `reserve` for a bad estimate."""
-        return self._charge(self._asked(tokens, None, None), self._advance())
+        if tokens.__class__ is int and tokens >= 0 and self._allowance.take(tokens):
+            return 0.0
+        asked = self._asked(tokens, None, None)
+        now = self._advance()
+        wait = self._charge(asked, now)
+        if wait == 0.0:
+            self._open_allowance(now)
+        return wait
 
     def wait_for(
         self, tokens: int, *, input_tokens: int | None = None, output_tokens: int | None = None
@@ -335,21 +277,55 @@ class RateBudget:
     def statistics(self) -> RateBudgetStatistics:
         """Every budget now, in plain numbers. Reads only (safe from an exporter's thread)."""
         now = max(self._clock(), self._now)
+        taken_tokens, taken_requests = self._allowance.counted_at(now)  # not charged yet
         found: dict[str, BudgetStatistics] = {}
         for b in self._budgets:
             remaining, reported = b.remaining(now)
+            remaining = max(
+                0, remaining - (taken_requests if b.name == "requests" else taken_tokens)
+            )
             found[b.name] = BudgetStatistics(
                 b.name, b.limit, remaining, b.reserved, b.refunded_total, reported
             )
         return RateBudgetStatistics(**found)
 
     def _advance(self) -> float:
+        """The clock read (never going back), every meter moved to it: what the allowance
+        let go charged first, in the second it was taken in."""
+        if self._allowance.is_open:
+            self._charge_allowance()
         now = self._clock()
         if now > self._now:
             self._now = now
             for budget in self._budgets:
                 budget.meter.advance(now)
         return self._now
+
+    def _charge_allowance(self) -> None:
+        """Charge every meter what the allowance let go (into its second, still the meters'
+        current one: nothing advanced them since it opened) and close it."""
+        allowance = self._allowance
+        tokens, requests = allowance.taken_tokens, allowance.taken_requests
+        if requests:
+            for budget in self._budgets:
+                budget.meter.charge(requests if budget.name == "requests" else tokens)
+        allowance.close()
+
+    def _open_allowance(self, now: float) -> None:
+        """A sliding budget with no provider's word in force: let calls charged in full take
+        what every meter holds now until the current second ends (budget_allowance.py)."""
+        if self.shape != "sliding":
+            return
+        tokens = requests = sys.maxsize  # a budget not configured allows anything
+        for budget in self._budgets:
+            if budget.word_at(now) is not None:
+                return
+            room = max(0, budget.meter.remaining_at(now))
+            if budget.name == "requests":
+                requests = room
+            else:
+                tokens = min(tokens, room)
+        self._allowance.open(tokens, requests, slot_start(slot_of(now) + 1))
 
     def _reserve(self, asked: tuple[tuple[MeteredBudget, int], ...]) -> Reservation | float:
         """`reserve()` of what `_asked` made of its arguments."""
@@ -359,7 +335,16 @@ class RateBudget:
             return wait
         for budget, amount in asked:
             budget.reserved += amount
+        self._open_allowance(now)
         return Reservation(self, asked, now, self._epoch)
+
+    def _allowed(self, tokens: int) -> Reservation:
+        """The Reservation of `tokens` and a request that the allowance took, made in its
+        second (at the time it opened: a refund goes back to that second)."""
+        asked = tuple([(b, 1 if b.name == "requests" else tokens) for b in self._budgets])
+        for budget, amount in asked:
+            budget.reserved += amount
+        return Reservation(self, asked, self._now, self._epoch)
 
     def _charge(self, asked: tuple[tuple[MeteredBudget, int], ...], now: float) -> float:
         """Charge every budget its part of `asked` at `now` (0.0), or none if one cannot hold
@@ -400,7 +385,9 @@ class RateBudget:
 
     def _close(self, reservation: Reservation, used: Callable[[MeteredBudget, int], int]) -> None:
         reservation.closed_by(self, "this RateBudget")
-        now = self._advance()
+        allowance = self._allowance
+        keep = allowance.current()  # the meters stay in its second: it need not close
+        now = self._now if keep else self._advance()
         for budget, estimate in reservation.estimates:
             actual = min(used(budget, estimate), budget.limit)
             budget.reserved -= estimate
@@ -409,6 +396,8 @@ class RateBudget:
                 budget.refunded_total += estimate - actual
             elif actual > estimate:
                 budget.meter.charge(actual - estimate)
+                if keep and budget.name != "requests":
+                    allowance.shrink(actual - estimate)
             word = budget.word_at(now)
             if word is not None and reservation.epoch >= word.epoch:
                 word.spent += actual - estimate

@@ -17,7 +17,9 @@ its weight; capped at the budget's minute and counted in `admission_capped`):
   next but the upstream holds that one back (counted as a timeout and in
   `admission_budget` / `admission_saturated`); else "timeout", as without an upstream.
 The waiter chosen next that the upstream cannot take yet keeps the slots held for it (as a
-heavy waiter does): lighter ones pass it only under `backfill_seconds`. One that its budget
+heavy waiter does): lighter ones pass it only under `backfill_seconds`. While every waiter asks
+weight 1 of the default flow and an estimate of 1 (`async with`), the queue stays plain FIFO
+and the oldest is that waiter: nobody behind it asks less. One that its budget
 alone holds back gets a target when it is first chosen: when its estimate would fit with
 nothing more charged, plus `backfill_seconds`. Lighter waiters are admitted past it while
 they fit now and leave it its slots, and room in the budget at that target
@@ -37,6 +39,7 @@ from typing import Literal
 
 from ..engines.signal import EngineSignal, EngineStatistics
 from ..safe_urls import safe_url
+from .budget_allowance import no_allowance
 from .flows import Waiting
 from .limit import Admission, Refusal, UpstreamCapacityError
 from .rate_budget import RateBudget, RateBudgetStatistics, Reservation
@@ -164,9 +167,19 @@ class UpstreamGate:
     `retry` is the semaphore's "admit the next waiters", held weakly: the gate calls it
     when its timer fires (the budget now holds the waiter it was armed for) and after every
     scrape of the engine, and holds the semaphore only weakly (a dropped limit is collected,
-    and its engine listener removed with it)."""
+    and its engine listener removed with it). `allowed(tokens)` takes an admission charged in
+    full from the budget's allowance alone, if it holds it (budget_allowance.py)."""
 
-    __slots__ = ("__weakref__", "_due", "_handed", "_retry", "_target", "_timer", "upstream")
+    __slots__ = (
+        "__weakref__",
+        "_due",
+        "_handed",
+        "_retry",
+        "_target",
+        "_timer",
+        "allowed",
+        "upstream",
+    )
 
     def __init__(self, upstream: Upstream, retry: Callable[[], None]):
         self.upstream = upstream
@@ -175,6 +188,10 @@ class UpstreamGate:
         self._timer: asyncio.TimerHandle | None = None
         self._due = math.inf
         self._target: tuple[Waiter, float] | None = None  # the chosen one's, on the budget's clock
+        # What an uncontended `async with` asks alone: the budget's allowance (one call,
+        # budget_allowance.py), unless an engine must be asked at every admission.
+        budget, alone = upstream.budget, upstream.engine is None
+        self.allowed = budget.allowance.take if budget is not None and alone else no_allowance
         engine = upstream.engine
         if engine is not None:
             listener = _listener(self._retry)

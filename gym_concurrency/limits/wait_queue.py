@@ -30,35 +30,38 @@ class WaitQueue:
     calls `touched(flow)` whenever that changes for a flow that may be waiting. Two plain
     attributes are read on the semaphore's hot paths and written only here: `waiters` (arrival
     order: waiter -> when its timeout is due, loop time, None without one; never rebound, so
-    the semaphore may keep a reference to it) and `fair`. `always_fair` (a limit with an
-    upstream: each waiter asks its own estimate of it) keeps every waiter queued by flow.
+    the semaphore may keep a reference to it) and `fair`. With `estimates` (a limit with an
+    upstream) each waiter asks its own estimate of it too: one other than 1 queues every
+    waiter by flow, as a weight other than 1 does.
     """
 
     __slots__ = (
-        "_always_fair",
         "_asks",
         "_backfill",
         "_deadlines",
         "_estimates",
         "_flows",
+        "_keeps_estimates",
         "_next",
         "fair",
         "waiters",
     )
 
     def __init__(
-        self, held: Callable[[Hashable], int], backfill_seconds: float, always_fair: bool = False
+        self, held: Callable[[Hashable], int], backfill_seconds: float, estimates: bool = False
     ) -> None:
         # O(1) removal from the middle. Every waiter has the same timeout, so the due times
         # are in queue order too: the semaphore's one timer, for the oldest, serves them all.
         self.waiters: OrderedDict[Waiter, float | None] = OrderedDict()
-        # While a waiter asks for a weight other than 1 or a flow other than None, every waiter
-        # is also queued by flow (`fair`) and the next one is chosen fairly; with the queue
-        # empty again, plain FIFO resumes.
-        self._always_fair = self.fair = always_fair
+        # While a waiter asks for a weight other than 1, a flow other than None or an estimate
+        # other than 1, every waiter is also queued by flow (`fair`) and the next one is chosen
+        # fairly; with the queue empty again, plain FIFO resumes (the oldest is next, and asks
+        # weight 1 and an estimate of 1).
+        self.fair = False
+        self._keeps_estimates = estimates
         self._flows = FlowQueues(held)
         self._asks: dict[Waiter, Ask] = {}  # the ask of each waiter queued by flow
-        self._estimates: dict[Waiter, int] = {}  # what each asks of the upstream, if it has one
+        self._estimates: dict[Waiter, int] = {}  # what each asks of the upstream (fair only)
         self._next: Waiting | None = None  # chosen, capacity held for it until it fits
         self._backfill = Backfill(backfill_seconds) if backfill_seconds else None
         self._deadlines: OwnDeadlines | None = None  # made when a waiter first brings one
@@ -101,15 +104,16 @@ class WaitQueue:
         weight: int,
         flow: Hashable,
         due: float | None,
-        estimate: int = 0,
+        estimate: int = 1,
     ) -> None:
-        """Queue `waiter`, asking `weight` for `flow` (and `estimate` of the upstream, if
-        `always_fair`), its timeout due at `due` (loop time)."""
+        """Queue `waiter`, asking `weight` for `flow` (and `estimate` of the upstream, if it
+        keeps `estimates`), its timeout due at `due` (loop time)."""
         waiters = self.waiters
         waiters[waiter] = due
         if self._deadlines is not None and len(waiters) == 1:
             self._deadlines.queue_started()
-        if weight == 1 and flow is None and not self.fair:
+        plain = weight == 1 and flow is None and not self.fair
+        if plain and (estimate == 1 or not self._keeps_estimates):
             return
         flows, asks = self._flows, self._asks
         if not self.fair:  # the first such waiter: those before it wait in the default flow
@@ -120,7 +124,7 @@ class WaitQueue:
                     flows.push(earlier, 1, None)
         asks[waiter] = (weight, flow)
         flows.push(waiter, weight, flow)
-        if self._always_fair:
+        if self._keeps_estimates:
             self._estimates[waiter] = estimate
 
     def remove(self, waiter: Waiter) -> bool:
@@ -130,19 +134,19 @@ class WaitQueue:
         deadlines = self._deadlines
         if deadlines is not None and deadlines.timers:
             deadlines.disarm(waiter)
-        if not self.fair:
+        if self.fair:
+            _, flow = self._asks.pop(waiter)
+            self._flows.remove(waiter, flow)
+            if self._keeps_estimates:
+                self._estimates.pop(waiter, None)
+            if not self.waiters:
+                self._flows.clear()
+                self.fair = False
+        chosen = self._next
+        if chosen is None or chosen.waiter is not waiter:
             return False
-        _, flow = self._asks.pop(waiter)
-        self._flows.remove(waiter, flow)
-        if self._always_fair:
-            self._estimates.pop(waiter, None)
-        if not self.waiters:
-            self._flows.clear()
-            self.fair = self._always_fair
-        chosen = self._next is not None and self._next.waiter is waiter
-        if chosen:
-            self._next = None
-        return chosen
+        self._next = None
+        return True
 
     def admitted(self, waiter: Waiter, weight: int) -> None:
         """The queued `waiter` was handed `weight` (counted as its flow's already): out of every
@@ -171,27 +175,33 @@ class WaitQueue:
         return None
 
     def estimate(self, waiter: Waiter) -> int:
-        """What the queued `waiter` asks of the upstream (`always_fair`; else 0)."""
-        return self._estimates.get(waiter, 0)
+        """What the queued `waiter` asks of the upstream (1 unless it keeps `estimates`)."""
+        return self._estimates.get(waiter, 1)
 
     def choose(self) -> Waiting | None:
-        """`fair`: the waiter admitted next, still queued (the one capacity is held for, else
-        flows.py's choice); None if nobody waits."""
-        return self._next or self._flows.choose()
+        """The waiter admitted next, still queued: the one capacity is held for, else (`fair`)
+        flows.py's choice, else the oldest (it may be done: cancelled with its task). None if
+        nobody waits."""
+        if self._next is not None or self.fair:
+            return self._next or self._flows.choose()
+        oldest = next(iter(self.waiters), None)
+        return None if oldest is None else Waiting(oldest, 1, None)
 
     def hold(self, chosen: Waiting) -> list[tuple[Waiter, Ask]]:
         """`chosen` does not fit yet: capacity that frees is held for it. The waiters that may
         pass it now, oldest first, with their asks (backfill.py; none without backfill)."""
         fresh, self._next = self._next is None, chosen
-        if self._backfill is None:
+        if self._backfill is None or not self.fair:  # (not fair: nobody asks less)
             return []
         asks = self._asks
         passers = self._backfill.passers(self.waiters, chosen.waiter, fresh)
         return [(waiter, asks[waiter]) for waiter in passers]
 
     def behind(self, chosen: Waiter) -> list[tuple[Waiter, Ask]]:
-        """`fair`: the first BACKFILL_SCAN waiters but `chosen`, oldest first, with their asks:
-        those a budget's backfill may admit past it (upstream.py)."""
+        """The first BACKFILL_SCAN waiters but `chosen`, oldest first, with their asks: those a
+        budget's backfill may admit past it (upstream.py); none if not `fair`."""
+        if not self.fair:
+            return []
         asks = self._asks
         return [(waiter, asks[waiter]) for waiter in others(self.waiters, chosen)]
 

@@ -1,7 +1,8 @@
 """A hypothesis state machine over RateBudget on a clock the test moves by hand: reservations
 (with and without an input / output split), settlement with any usage (less, more, absurd),
-charging in full, cancelling, provider reports (fresh, stale, tighter and looser than the
-budget) and time passing by any amount, slot boundaries included.
+charging in full, cancelling, calls charged in full at once (`take`, several in a row: a
+sliding budget's allowance takes them, budget_allowance.py), provider reports (fresh, stale,
+tighter and looser than the budget) and time passing by any amount, slot boundaries included.
 
 Both shapes run. Checked after every step, against a record of every charge kept here:
 - sliding: in any 60 s window, the tokens (and requests) charged after settlement never
@@ -13,6 +14,7 @@ Both shapes run. Checked after every step, against a record of every charge kept
   the size less what was charged in the last 60 s; and once all that was charged has had
   time to leave (61 s; a bucket: its refill) with no report in force, the whole budget is
   there;
+- sliding: every admission fits what the last 60 s charged, overruns included;
 - reservations take from every budget or none; `reserved` is the estimates not yet settled;
 - the wait a refusal returns is exact: the same reservation a microsecond sooner is refused
   again, and at now + wait it succeeds.
@@ -166,6 +168,35 @@ class RateBudgetMachine(RuleBasedStateMachine):
             at_wait = attempt()
             assert isinstance(at_wait, Reservation), f"the wait of {got} s was not enough"
 
+    @rule(data=st.data(), retry=st.booleans(), times=st.integers(1, 4))
+    def take(self, data: st.DataObject, retry: bool, times: int) -> None:
+        """`times` calls charged in full at once (the allowance's path after the first)."""
+        cap = min(
+            self.limits[n] for n in ("tokens", "input_tokens", "output_tokens") if n in self.limits
+        )
+        tokens = data.draw(st.integers(0, cap))
+        asks = {name: 1 if name == "requests" else tokens for name in self.limits}
+
+        def attempt() -> float:
+            before = self.remaining()
+            wait = self.budget.take(tokens)
+            if wait == 0.0:
+                self.opened_now(None, asks)
+            else:
+                assert wait > 0.0, wait
+                assert self.remaining() == before, (before, self.remaining())
+            return wait
+
+        for _ in range(times):
+            wait = attempt()
+        if wait > 0.0 and retry:
+            refused_at = self.now
+            if wait > SOONER:
+                self.now = refused_at + wait - SOONER
+                assert attempt() > 0.0, f"fits {SOONER} s before the wait of {wait}"
+            self.now = refused_at + wait
+            assert attempt() == 0.0, f"the wait of {wait} s was not enough"
+
     @precondition(lambda self: bool(self.opened))
     @rule(data=st.data(), as_total=st.booleans())
     def settle(self, data: st.DataObject, as_total: bool) -> None:
@@ -288,8 +319,17 @@ class RateBudgetMachine(RuleBasedStateMachine):
             return None
         return report
 
-    def opened_now(self, reservation: Reservation, asks: dict[str, int]) -> None:
+    def remaining(self) -> dict[str, int]:
+        statistics = self.budget.statistics()
+        return {name: getattr(statistics, name).remaining for name in self.limits}
+
+    def opened_now(self, reservation: Reservation | None, asks: dict[str, int]) -> None:
+        """Charged now; kept open unless `reservation` is None (charged in full at once)."""
         self.step += 1
+        if self.shape == "sliding":  # it fit what the last 60 s charged (overruns included)
+            for name, amount in asks.items():
+                recent = sum(c.amount for c in self.model.charges[name] if c.at > self.now - WINDOW)
+                assert not amount or recent + amount <= self.limits[name], (name, recent, amount)
         charges = {name: Charge(self.now, amount, estimate=amount) for name, amount in asks.items()}
         for name, charge in charges.items():
             self.model.charges[name].append(charge)
@@ -298,7 +338,8 @@ class RateBudgetMachine(RuleBasedStateMachine):
                 if charge.amount:  # (a reservation of nothing is never refused)
                     assert report.spent + charge.amount <= report.remaining, (name, report)
                 report.spent += charge.amount
-        self.opened.append(Opened(reservation, self.step, charges))
+        if reservation is not None:
+            self.opened.append(Opened(reservation, self.step, charges))
 
     def closed(self, opened: Opened, used: Callable[[str, int], int]) -> None:
         self.step += 1

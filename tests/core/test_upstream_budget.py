@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import pytest
 
 from gym_concurrency import MeteredSemaphore
-from gym_concurrency.limits import Held, UpstreamCapacityError
+from gym_concurrency.limits import Held, QueueFullError, UpstreamCapacityError
 from gym_concurrency.limits.rate_budget import BudgetStatistics, RateBudget, Reservation
 from gym_concurrency.usage import Usage
 from tests.core.clock import ManualClockLoop
@@ -96,6 +96,35 @@ def test_uncontended_admissions_take_the_budget_at_once(loop: ManualClockLoop) -
     assert (tokens(budget).remaining, tokens(budget).reserved) == (729, 0)
     assert sem.active == 0
     assert sem.queue_depth == 0
+
+
+def test_async_with_takes_the_budgets_allowance_and_stops_where_the_budget_does(
+    loop: ManualClockLoop,
+) -> None:
+    budget = RateBudget(tokens_per_minute=1000, requests_per_minute=5, clock=loop.time)
+    sem = MeteredSemaphore(1, budget=budget, timeout=120.0)
+
+    async def one() -> None:
+        async with sem:
+            pass
+
+    for _ in range(5):  # the first through the budget, which opens its allowance for the rest
+        run(loop, one())
+    assert budget.allowance.taken_requests == 4
+    statistics = budget.statistics()
+    assert statistics.requests is not None
+    assert (statistics.requests.remaining, tokens(budget).remaining) == (0, 995)
+    sixth = start(loop, one())
+    assert not sixth.done()  # the minute's 5 requests are spent: it waits for the window
+    assert sem.queue_depth == 1
+    advance(loop, 59.0)
+    assert not sixth.done()
+    advance(loop, 2.0)  # the second of the first five has left the window
+    assert sixth.done()
+    assert sem.active == 0
+    statistics = budget.statistics()
+    assert statistics.requests is not None
+    assert statistics.requests.remaining == 4
 
 
 def test_a_waiter_waits_for_the_budget_with_its_slots_held_then_its_timer_admits_it(
@@ -277,6 +306,25 @@ def test_plain_fifo_waiters_respect_the_budget_too(loop: ManualClockLoop) -> Non
     advance(loop, 61.0)
     assert order == [0, 1, 2, 3, 4]
     assert all(t.done() for t in tasks)
+
+
+def test_a_full_queue_sheds_while_the_budget_holds_its_oldest_back(loop: ManualClockLoop) -> None:
+    budget = RateBudget(requests_per_minute=1, clock=loop.time)
+    sem = MeteredSemaphore(4, budget=budget, max_queue=1)
+
+    async def one() -> None:
+        async with sem:
+            pass
+
+    run(loop, one())
+    second = start(loop, one())  # slots are free, the minute's request is spent: it waits
+    assert (sem.active, sem.queue_depth) == (0, 1)
+    with pytest.raises(QueueFullError):
+        run(loop, one())
+    assert (sem.queue_depth, sem.admission_shed) == (1, 1)
+    advance(loop, 61.0)
+    assert second.done()
+    assert second.exception() is None
 
 
 def test_a_resized_budget_holds_what_it_says_from_then_on(loop: ManualClockLoop) -> None:

@@ -153,3 +153,26 @@ async def test_a_limit_follows_the_fake_engines_real_metrics() -> None:
     assert stats["max_waiting"] <= 2 + 2, stats["max_waiting"]
     assert sem.admission_timeouts == 0
     assert sem.active == 0
+
+
+async def test_with_an_engine_every_async_with_asks_it_not_the_budgets_allowance() -> None:
+    bodies = Bodies(vllm(waiting=0))
+    signal = EngineSignal(engine_url(), waiting_max=2, interval_seconds=0.05, fetch=bodies)
+    # The budget's clock stands still: its allowance stays open for the whole test.
+    budget = RateBudget(tokens_per_minute=1000, clock=lambda: 100.0)
+    sem = MeteredSemaphore(4, budget=budget, engine=signal, timeout=0.3)
+    signal.start()
+    await scraped(signal)
+    async with sem:  # the engine admits it, and the budget's allowance opens
+        pass
+    assert budget.allowance.is_open
+    bodies.body = vllm(waiting=9)
+    await scraped(signal, signal.statistics().scrapes)
+    with pytest.raises(UpstreamCapacityError) as refused:
+        async with sem:
+            pass
+    assert refused.value.reason == "saturated"
+    statistics = budget.statistics().tokens
+    assert statistics is not None
+    assert statistics.remaining == 999
+    await signal.aclose()

@@ -1,9 +1,10 @@
 """A hypothesis state machine over a MeteredSemaphore with a rate budget (a sliding minute of
 tokens, and of requests or not), on an event loop whose clock only the test moves: random
-acquires (through `acquire()`, charged in full; through `enqueue()` + `settle()`; through
-`hold()`), releases that settle the reservation from a usage, charge it in full or cancel it,
-cancellations (also of a waiter handed its slots and budget in that same step), timeouts and
-clock advances.
+acquires (through `acquire()` and `async with`, charged in full; through `enqueue()` +
+`settle()`; through `hold()`; often weight 1 and an estimate of 1, which queue in plain FIFO
+order until another ask joins), releases that settle the reservation from a usage, charge it
+in full or cancel it, cancellations (also of a waiter handed its slots and budget in that same
+step), timeouts and clock advances.
 
 After every step: no 60 s interval holds more tokens (nor requests) than the budget, counting
 what each call was finally charged; held weight never exceeds the limit; the limit is never
@@ -35,7 +36,7 @@ class Call:
 
     weight: int
     tokens: int
-    how: str  # "acquire", "enqueue" or "hold"
+    how: str  # "acquire", "async with", "enqueue" or "hold"
     outcome: str | None = None  # admitted, timeout, budget, cancelled
     holding: bool = False
     done: bool = False
@@ -49,6 +50,12 @@ class Call:
 
     async def run(self, sem: MeteredSemaphore, budget: RateBudget) -> None:
         try:
+            if self.how == "async with":  # weight 1, an estimate of 1, charged in full
+                async with sem:
+                    self._admitted(sem, open_reservation=False)
+                    await self.release.wait()
+                self.holding, self.done = False, True
+                return
             if self.how == "hold":
                 async with sem.hold(self.weight, tokens=self.tokens) as held:
                     self._admitted(sem, open_reservation=True)
@@ -168,10 +175,12 @@ class UpstreamMachine(RuleBasedStateMachine):
 
     @rule(
         weight=st.integers(1, 2),
-        tokens=st.integers(0, 60),
-        how=st.sampled_from(["acquire", "enqueue", "hold"]),
+        tokens=st.integers(0, 60) | st.just(1),
+        how=st.sampled_from(["acquire", "async with", "enqueue", "hold"]),
     )
     def ask(self, weight: int, tokens: int, how: str) -> None:
+        if how == "async with":
+            weight, tokens = 1, 1
         call = Call(min(weight, self.sem.limit), tokens, how)
         call.task = self.loop.create_task(call.run(self.sem, self.budget))
         self.calls.append(call)
