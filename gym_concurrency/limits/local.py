@@ -282,9 +282,9 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         queue.add(waiter, weight, flow, due, estimate)
         if deadline is not None and (self._timeout is None or deadline < self._timeout):
             queue.arm(waiter, deadline, self._deadline_passed)
-        fair = queue.fair or gate is not None  # (an upstream may hold the oldest back)
-        choosing = fair and (not queue.holding or queue.backfill_seconds)
-        if choosing and self._active < self._limit and not self._handed:
+        free = self._active < self._limit and not self._handed
+        fair = free and (queue.fair or gate is not None)  # (an upstream may hold it back)
+        if fair and (not queue.holding or queue.backfill_seconds):
             self._admit_fairly()  # it does not fit: it is chosen, and capacity held for it
         return waiter
 

@@ -112,8 +112,12 @@ class WaitQueue:
         waiters[waiter] = due
         if self._deadlines is not None and len(waiters) == 1:
             self._deadlines.queue_started()
-        plain = weight == 1 and flow is None and not self.fair
-        if plain and (estimate == 1 or not self._keeps_estimates):
+        if (
+            weight == 1
+            and flow is None
+            and not self.fair
+            and (estimate == 1 or not self._keeps_estimates)
+        ):
             return
         flows, asks = self._flows, self._asks
         if not self.fair:  # the first such waiter: those before it wait in the default flow
