@@ -8,8 +8,9 @@ provider's word is in force (`open`), and before it reads or writes its meters a
 them what was taken, into the second the allowance was opened in (where every take it admitted
 belongs), and closes it (`close`). A settlement within that second needs no close: a refund
 only adds room, and an overrun charged in that second is taken off the allowance (`shrink`).
-A take is O(1), with no loop and no call: the uncontended `async with` of a limit with a
-budget is this and its slot, nothing more (docs/performance.md).
+A take is O(1): a read of the clock, no loop and no other call. The uncontended `async with`
+of a limit with a budget is this and its slot, nothing more (docs/performance.md, "An
+allowance per second").
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ class BudgetAllowance:
         self.taken_requests = 0
 
     def take(self, tokens: int) -> bool:
-        """Take `tokens` (an int >= 0) and one request if the allowance holds them now (True);
-        False: nothing taken, ask the budget."""
+        """Take `tokens` and one request if the allowance holds them now (True); False: nothing
+        taken (also for `tokens` < 0), ask the budget."""
         taken = self.taken_tokens + tokens  # (two writes, not four: this is the hot path)
-        if taken > self._tokens or self.taken_requests >= self._requests:
+        if taken > self._tokens or self.taken_requests >= self._requests or tokens < 0:
             return False
         if self._clock() >= self._until:
             return False

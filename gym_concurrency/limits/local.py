@@ -352,7 +352,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     # --- admission -------------------------------------------------------------------
 
     def _admit_waiters(self) -> None:
-        """Hand free capacity to the next waiters: the oldest (one flow, weight 1), or fairly."""
+        """Hand free capacity to the next waiters: the oldest (one flow, weight 1, no upstream),
+        else the one chosen next (`_admit_fairly`: by flow, or the oldest an upstream holds)."""
         queue = self._queue
         if queue.fair or self._gate is not None:  # (an upstream may hold the oldest back)
             self._admit_fairly()

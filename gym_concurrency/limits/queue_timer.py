@@ -37,7 +37,9 @@ class QueueTimer:
     def _fire(self) -> None:
         self._handle = None
         loop = asyncio.get_running_loop()
-        self._expire(loop.time() + _CLOCK_RESOLUTION)
-        due = self._next_due()
-        if due is not None and self._handle is None:
-            self._handle = loop.call_at(due, self._fire)
+        try:
+            self._expire(loop.time() + _CLOCK_RESOLUTION)
+        finally:  # armed again even if expiring raised: the waiters left must still time out
+            due = self._next_due()
+            if due is not None and self._handle is None:
+                self._handle = loop.call_at(due, self._fire)

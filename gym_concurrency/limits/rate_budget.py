@@ -128,7 +128,9 @@ class RateBudget:
         self._cap = self._largest_estimate()
         self._clock = clock
         self._epoch = 0  # one more at every provider report
-        self._now = -math.inf  # the latest time seen: the clock never goes back here
+        # The latest time the meters were moved to (the clock never goes back here); a take
+        # through the allowance does not move it.
+        self._now = -math.inf
         self._allowance = BudgetAllowance(clock)  # opened by a charge (sliding budgets only)
 
     @property
@@ -277,7 +279,9 @@ class RateBudget:
     def statistics(self) -> RateBudgetStatistics:
         """Every budget now, in plain numbers. Reads only (safe from an exporter's thread)."""
         now = max(self._clock(), self._now)
-        taken_tokens, taken_requests = self._allowance.counted_at(now)  # not charged yet
+        # The allowance first, then the meters: read while the loop charges the one into the
+        # other, a take may count twice (too little remaining for a moment), never not at all.
+        taken_tokens, taken_requests = self._allowance.counted_at(now)
         found: dict[str, BudgetStatistics] = {}
         for b in self._budgets:
             remaining, reported = b.remaining(now)

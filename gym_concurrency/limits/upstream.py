@@ -61,7 +61,8 @@ class UpstreamWait:
 
 
 class Upstream:
-    """A rate budget, an engine signal, or both, asked together (at least one)."""
+    """A rate budget, an engine signal, or both, asked together (at least one); fixed for its
+    life (a limit's gate reads which it has once)."""
 
     __slots__ = ("budget", "engine")
 

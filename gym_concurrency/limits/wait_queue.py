@@ -1,7 +1,8 @@
 """The wait queue of a MeteredSemaphore: its waiters in arrival order, each with when the
 limit's timeout ends its wait; by flow once one asks for more than weight 1 of the default
-flow (flows.py); their own deadlines and the hand-over rate (deadlines.py); the waiter chosen
-next, capacity held for it until its weight fits, and who may pass it meanwhile (backfill.py).
+flow or (a limit with an upstream) an estimate other than 1 (flows.py); their own deadlines
+and the hand-over rate (deadlines.py); the waiter chosen next, capacity held for it until its
+weight fits, and who may pass it meanwhile (backfill.py).
 
 It says who waits and who is admitted next. It ends no wait and holds no weight: the
 semaphore (local.py) hands weight over, ends waits and counts how they ended.
@@ -179,7 +180,8 @@ class WaitQueue:
         return None
 
     def estimate(self, waiter: Waiter) -> int:
-        """What the queued `waiter` asks of the upstream (1 unless it keeps `estimates`)."""
+        """What the queued `waiter` asks of the upstream (1: it was queued not `fair`, or the
+        queue keeps no `estimates`)."""
         return self._estimates.get(waiter, 1)
 
     def choose(self) -> Waiting | None:
@@ -195,10 +197,12 @@ class WaitQueue:
         """`chosen` does not fit yet: capacity that frees is held for it. The waiters that may
         pass it now, oldest first, with their asks (backfill.py; none without backfill)."""
         fresh, self._next = self._next is None, chosen
-        if self._backfill is None or not self.fair:  # (not fair: nobody asks less)
+        if self._backfill is None:
+            return []
+        passers = self._backfill.passers(self.waiters, chosen.waiter, fresh)  # (its clock runs)
+        if not self.fair:  # nobody behind it asks less
             return []
         asks = self._asks
-        passers = self._backfill.passers(self.waiters, chosen.waiter, fresh)
         return [(waiter, asks[waiter]) for waiter in passers]
 
     def behind(self, chosen: Waiter) -> list[tuple[Waiter, Ask]]:
