@@ -10,7 +10,7 @@ belongs), and closes it (`close`). A settlement within that second needs no clos
 only adds room, and an overrun charged in that second is taken off the allowance (`shrink`).
 A take is O(1): a read of the clock, no loop and no other call. The uncontended `async with`
 of a limit with a budget is this and its slot, nothing more (docs/performance.md, "An
-allowance per second").
+allowance per second, and FIFO queues").
 """
 
 from __future__ import annotations
