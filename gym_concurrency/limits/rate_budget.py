@@ -163,7 +163,7 @@ class RateBudget:
         that is not an int >= 0, or more than its budget's minute (it could never fit: cap
         it at the budget)."""
         whole = input_tokens is None and output_tokens is None  # (the allowance's kind)
-        if whole and tokens.__class__ is int and tokens >= 0 and self._allowance.take(tokens):
+        if whole and tokens.__class__ is int and self._allowance.take(tokens):
             return self._allowed(tokens)
         return self._reserve(self._asked(tokens, input_tokens, output_tokens))
 
@@ -171,7 +171,7 @@ class RateBudget:
         """`reserve(tokens)` closed at once with `charge_in_full` (a call that cannot settle),
         without a Reservation: 0.0 if taken, else the seconds until it would fit (nothing
         charged). The same ValueError as `reserve` for a bad estimate."""
-        if tokens.__class__ is int and tokens >= 0 and self._allowance.take(tokens):
+        if tokens.__class__ is int and self._allowance.take(tokens):
             return 0.0
         asked = self._asked(tokens, None, None)
         now = self._advance()
