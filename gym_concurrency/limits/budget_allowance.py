@@ -8,64 +8,113 @@ provider's word is in force (`open`), and before it reads or writes its meters a
 them what was taken, into the second the allowance was opened in (where every take it admitted
 belongs), and closes it (`close`). A settlement within that second needs no close: a refund
 only adds room, and an overrun charged in that second is taken off the allowance (`shrink`).
-A take is O(1): a read of the clock, no loop and no other call. The uncontended `async with`
-of a limit with a budget is this and its slot, nothing more (docs/performance.md, "An
-allowance per second, and FIFO queues").
+
+Two ways to take, both O(1), no loop:
+- `take(tokens)`: any estimate; it reads the clock, and never takes once the second has ended.
+- `take_one()`: an estimate of 1, the uncontended `async with` of a limit with a budget. It does
+  not read the clock (a third of its cost), so it takes only while a guard is armed: a timer
+  on the running event loop that ends the allowance `GUARD_MARGIN` before its second does (the
+  budget's `end`: charge and close). A loop running later than that may let ones through
+  after the second ended; `late_ones(now)` counts them all as late then, and the budget charges
+  those into the second of `now`: later than they were taken, so counted longer, never less.
+  The budget lets `take_one` take at most a second's share of its minute an allowance
+  (`open(ones=)`), so what a late guard, or one on a loop since closed that never fires,
+  holds back for too long is that share at most. No loop running: no guard, no `take_one`.
+  A `take` or an overrun ends `take_one` for the rest of the allowance (`take` serves it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable
 
 from .rate_window import SLOT_SECONDS, WINDOW_SLOTS
 
-__all__ = ["BudgetAllowance", "no_allowance"]
+__all__ = ["GUARD_MARGIN", "BudgetAllowance", "no_allowance"]
 
 _COUNTED = WINDOW_SLOTS * SLOT_SECONDS  # a second's charges leave the window this long after it
+# The guard ends the allowance this long before its second does, so that ones are late only when
+# the loop runs later than this; `take` (which reads the clock) serves what is left of it.
+GUARD_MARGIN = 0.02
+
+_running_loop = asyncio._get_running_loop  # (in asyncio.events.__all__: None, not a raise)
 
 
 class BudgetAllowance:
     """Tokens and requests a budget lets go until `until` on its clock without asking it."""
 
-    __slots__ = ("_clock", "_requests", "_tokens", "_until", "taken_requests", "taken_tokens")
+    __slots__ = (
+        "_clock",
+        "_end",
+        "_guard",
+        "_guarded_on",
+        "_guarded_until",
+        "_ones_cap",
+        "_requests",
+        "_tokens",
+        "_until",
+        "ones",
+        "taken_requests",
+        "taken_tokens",
+    )
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], end: Callable[[], object]) -> None:
         self._clock = clock
+        self._end = end  # the budget's: charge what was taken and close (the guard calls it)
+        self._guard: asyncio.TimerHandle | None = None  # armed for `_guarded_on`, `_until`
+        self._guarded_on: asyncio.AbstractEventLoop | None = None
+        self._guarded_until = -math.inf
         self._until = -math.inf  # closed
         self._tokens = 0  # what may be taken in all since `open`
         self._requests = 0
-        self.taken_tokens = 0  # what was taken since `open`: the budget's to charge
+        self._ones_cap = 0  # `take_one` takes while `ones` is below it (0: it does not)
+        self.taken_tokens = 0  # what `take` took since `open`: the budget's to charge
         self.taken_requests = 0
+        self.ones = 0  # calls `take_one` took since `open` (a token and a request each)
 
     def take(self, tokens: int) -> bool:
         """Take `tokens` and one request if the allowance holds them now (True); False: nothing
-        taken (also for `tokens` < 0), ask the budget."""
-        taken = self.taken_tokens + tokens  # (two writes, not four: this is the hot path)
-        if taken > self._tokens or self.taken_requests >= self._requests or tokens < 0:
+        taken (also for `tokens` < 0), ask the budget. `take_one` takes no more after it."""
+        taken, ones = self.taken_tokens + tokens, self.ones
+        if taken + ones > self._tokens or self.taken_requests + ones >= self._requests:
             return False
-        if self._clock() >= self._until:
+        if tokens < 0 or self._clock() >= self._until:
             return False
-        self.taken_tokens = taken
+        self.taken_tokens = taken  # (three writes, not more: a hot path too)
         self.taken_requests += 1
+        self._ones_cap = 0  # (cheaper than fitting it anew: `take` serves the rest)
         return True
 
-    def open(self, tokens: int, requests: int, until: float) -> None:
+    def take_one(self) -> bool:
+        """`take(1)` while a guard is armed, without reading the clock (see the module)."""
+        ones = self.ones
+        if ones >= self._ones_cap:
+            return False
+        self.ones = ones + 1
+        return True
+
+    def open(self, tokens: int, requests: int, until: float, now: float, ones: int) -> None:
         """Allow `tokens` of every token budget and `requests` requests until `until` (the
-        budget's clock), with nothing taken yet (after `close`)."""
+        budget's clock, read `now`), with nothing taken yet (after `close`); up to `ones` of
+        them to `take_one` if a guard can be armed on the running loop."""
         self._tokens = tokens
         self._requests = requests
         self._until = until
+        if self._arm(now):  # a token and a request each
+            self._ones_cap = min(tokens, requests, ones)
 
     def close(self) -> None:
-        """Allow nothing more and forget what was taken (the budget has charged it)."""
+        """Allow nothing more and forget what was taken (the budget has charged it). An armed
+        guard stays: an allowance opened again in the same second is guarded by it."""
         self._until = -math.inf
-        self._tokens = self._requests = 0
-        self.taken_tokens = self.taken_requests = 0
+        self._tokens = self._requests = self._ones_cap = 0
+        self.taken_tokens = self.taken_requests = self.ones = 0
 
     def shrink(self, tokens: int) -> None:
         """Allow `tokens` fewer of every token budget: charged meanwhile (an overrun)."""
         self._tokens -= tokens
+        self._ones_cap = 0  # `take` serves the rest of the second
 
     def current(self) -> bool:
         """Open, and its second not ended yet: the budget's meters are still in it."""
@@ -76,15 +125,44 @@ class BudgetAllowance:
         """True between `open` and `close` (whether or not its second has ended)."""
         return self._until > -math.inf
 
+    def late_ones(self, now: float) -> int:
+        """Of `ones`, how many may have been taken after the second ended, read at `now`: none
+        before it ends, all of them after (the guard may have fired late)."""
+        return self.ones if now >= self._until else 0
+
     def counted_at(self, now: float) -> tuple[int, int]:
         """What was taken (tokens, requests) and is still counted by a sliding window at `now`:
-        nothing once the allowance's second has left it. Reads only (an exporter's thread)."""
+        `take`'s until its second has left the window, `take_one`'s until charged (it may be
+        charged late). Reads only (an exporter's thread)."""
+        ones = self.ones
         if now >= self._until + _COUNTED:
-            return 0, 0
-        return self.taken_tokens, self.taken_requests
+            return ones, ones
+        return self.taken_tokens + ones, self.taken_requests + ones
+
+    def _arm(self, now: float) -> bool:
+        """A guard armed to end this second's allowance on the running loop (True), or none
+        can be: no loop is running, or the second ends within `GUARD_MARGIN`."""
+        delay = self._until - GUARD_MARGIN - now
+        loop = _running_loop()
+        if delay <= 0.0 or loop is None:
+            return False
+        guard = self._guard
+        if guard is not None:
+            if self._guarded_on is loop and self._guarded_until == self._until:
+                return True  # armed for this second already (the allowance was opened again)
+            guard.cancel()
+        self._guard = loop.call_later(delay, self._fire, self._until)
+        self._guarded_on, self._guarded_until = loop, self._until
+        return True
+
+    def _fire(self, until: float) -> None:
+        self._guard = self._guarded_on = None
+        self._guarded_until = -math.inf
+        if self._until == until:  # still this second's allowance: the budget charges it
+            self._end()
 
 
-def no_allowance(tokens: int) -> bool:
-    """`BudgetAllowance.take` of a limit with no allowance (no budget, or an engine that must
-    be asked at every admission): never, ask the upstream."""
+def no_allowance() -> bool:
+    """`BudgetAllowance.take_one` of a limit with no allowance (no budget, or an engine that
+    must be asked at every admission): never, ask the upstream."""
     return False

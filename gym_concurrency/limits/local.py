@@ -178,7 +178,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         # acquire() with the defaults, try_acquire() inline (a call costs 14 %: performance.md)
         if self._gate is not None:  # acquire(), one coroutine less: charged in full
             free = self._active < self._limit and not self._waiting and not self._handed
-            if free and self._allowed(1):  # the budget's allowance: one call
+            if free and self._allowed():  # the budget's allowance: one call
                 self._active += 1
             elif not self.try_acquire():
                 reservation = await self._reserve(1, None, None, None)

@@ -92,6 +92,7 @@ class RateBudget:
         "_clock",
         "_epoch",
         "_now",
+        "_ones_share",
         "shape",
     )
 
@@ -126,12 +127,13 @@ class RateBudget:
         self.shape = shape
         self._by_name = {b.name: b for b in self._budgets}
         self._cap = self._largest_estimate()
+        self._ones_share = self._second_share()
         self._clock = clock
         self._epoch = 0  # one more at every provider report
         # The latest time the meters were moved to (the clock never goes back here); a take
         # through the allowance does not move it.
         self._now = -math.inf
-        self._allowance = BudgetAllowance(clock)  # opened by a charge (sliding budgets only)
+        self._allowance = BudgetAllowance(clock, self._advance)  # opened by a charge (sliding)
 
     @property
     def allowance(self) -> BudgetAllowance:
@@ -153,6 +155,11 @@ class RateBudget:
 
     def _largest_estimate(self) -> int | None:
         return min((b.limit for b in self._budgets if b.name != "requests"), default=None)
+
+    def _second_share(self) -> int:
+        """A second's share of the smallest budget (at least 1): the most an allowance lets
+        `take_one` take, and so what a guard firing late can charge late (budget_allowance.py)."""
+        return min(max(1, b.limit // 60) for b in self._budgets)
 
     def reserve(
         self, tokens: int, *, input_tokens: int | None = None, output_tokens: int | None = None
@@ -232,6 +239,7 @@ class RateBudget:
             raise ValueError(f"this RateBudget has no {budget} budget to resize")
         target.resize(_size(budget, per_minute), self._advance())
         self._cap = self._largest_estimate()
+        self._ones_share = self._second_share()
 
     def settle(self, reservation: Reservation, usage: Usage | int) -> None:
         """Close `reservation` with what the call used: a `Usage`, or a total of tokens (then
@@ -295,25 +303,31 @@ class RateBudget:
 
     def _advance(self) -> float:
         """The clock read (never going back), every meter moved to it: what the allowance
-        let go charged first, in the second it was taken in."""
-        if self._allowance.is_open:
-            self._charge_allowance()
+        let go charged first, in the second it was taken in (or, late, in this one)."""
         now = self._clock()
+        late = self._charge_allowance(now) if self._allowance.is_open else 0
         if now > self._now:
             self._now = now
             for budget in self._budgets:
                 budget.meter.advance(now)
+        if late:  # taken after their second may have ended: charged in this one
+            for budget in self._budgets:
+                budget.meter.charge(late)  # (a token and a request each)
         return self._now
 
-    def _charge_allowance(self) -> None:
+    def _charge_allowance(self, now: float) -> int:
         """Charge every meter what the allowance let go (into its second, still the meters'
-        current one: nothing advanced them since it opened) and close it."""
+        current one: nothing advanced them since it opened) and close it; return its late
+        ones (budget_allowance.py), for the second of `now`."""
         allowance = self._allowance
-        tokens, requests = allowance.taken_tokens, allowance.taken_requests
+        late = allowance.late_ones(now)
+        ones = allowance.ones - late
+        tokens, requests = allowance.taken_tokens + ones, allowance.taken_requests + ones
         if requests:
             for budget in self._budgets:
                 budget.meter.charge(requests if budget.name == "requests" else tokens)
         allowance.close()
+        return late
 
     def _open_allowance(self, now: float) -> None:
         """A sliding budget with no provider's word in force: let calls charged in full take
@@ -329,7 +343,8 @@ class RateBudget:
                 requests = room
             else:
                 tokens = min(tokens, room)
-        self._allowance.open(tokens, requests, slot_start(slot_of(now) + 1))
+        until = slot_start(slot_of(now) + 1)
+        self._allowance.open(tokens, requests, until, now, self._ones_share)
 
     def _reserve(self, asked: tuple[tuple[MeteredBudget, int], ...]) -> Reservation | float:
         """`reserve()` of what `_asked` made of its arguments."""

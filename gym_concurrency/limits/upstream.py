@@ -168,7 +168,7 @@ class UpstreamGate:
     `retry` is the semaphore's "admit the next waiters", held weakly: the gate calls it
     when its timer fires (the budget now holds the waiter it was armed for) and after every
     scrape of the engine, and holds the semaphore only weakly (a dropped limit is collected,
-    and its engine listener removed with it). `allowed(tokens)` takes an admission charged in
+    and its engine listener removed with it). `allowed()` takes an admission of 1 charged in
     full from the budget's allowance alone, if it holds it (budget_allowance.py)."""
 
     __slots__ = (
@@ -192,7 +192,7 @@ class UpstreamGate:
         # What an uncontended `async with` asks alone: the budget's allowance (one call,
         # budget_allowance.py), unless an engine must be asked at every admission.
         budget, alone = upstream.budget, upstream.engine is None
-        self.allowed = budget.allowance.take if budget is not None and alone else no_allowance
+        self.allowed = budget.allowance.take_one if budget is not None and alone else no_allowance
         engine = upstream.engine
         if engine is not None:
             listener = _listener(self._retry)

@@ -6,9 +6,13 @@ it, statistics count what it took, and a token bucket never opens one."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from gym_concurrency.limits.budget_allowance import GUARD_MARGIN
 from gym_concurrency.limits.rate_budget import RateBudget, Reservation
+from tests.core.clock import ManualClockLoop
 
 
 class Clock:
@@ -113,3 +117,187 @@ def test_a_bucket_never_opens_one() -> None:
     assert budget.take(10) == 0.0
     assert not budget.allowance.is_open
     assert not budget.allowance.take(1)
+
+
+# --- take_one: the uncontended `async with`, guarded by a timer instead of the clock ---------
+
+
+def spin(loop: ManualClockLoop) -> None:
+    loop.run_until_complete(asyncio.sleep(0))
+
+
+def test_take_one_takes_only_while_a_guard_is_armed_on_a_running_loop() -> None:
+    clock = Clock()
+    budget = RateBudget(tokens_per_minute=6000, clock=clock)  # a second's share: 100
+    assert budget.take(10) == 0.0  # opened outside any loop: no guard
+    assert not budget.allowance.take_one()
+    assert budget.allowance.take(1)  # (the clock-checked way still takes)
+    clock.now += 1.0  # the next second: the budget is asked again
+    loop = ManualClockLoop()
+
+    async def ones(count: int) -> list[bool]:
+        assert budget.take(1) == 0.0  # a charge on a running loop: opened again, guarded
+        return [budget.allowance.take_one() for _ in range(count)]
+
+    try:
+        assert loop.run_until_complete(ones(3)) == [True, True, True]
+        assert budget.allowance.ones == 3
+        assert remaining(budget) == 6000 - 11 - 1 - 3  # counted before they reach the window
+    finally:
+        loop.close()
+
+
+def test_take_one_stops_where_the_room_does() -> None:
+    loop = ManualClockLoop()
+    loop.now = 1000.2
+    budget = RateBudget(tokens_per_minute=6000, clock=loop.time)
+    assert budget.take(5900) == 0.0  # (outside the loop)
+    loop.now = 1001.2
+
+    async def ones() -> list[bool]:
+        assert budget.take(96) == 0.0  # through the window: opened with 4 left, guarded
+        return [budget.allowance.take_one() for _ in range(6)]
+
+    try:
+        assert loop.run_until_complete(ones()) == [True] * 4 + [False] * 2
+        assert remaining(budget) == 0
+        assert budget.take(1) > 0.0  # the budget agrees: charged into the window first
+        assert budget.allowance.ones == 0
+        assert remaining(budget) == 0
+    finally:
+        loop.close()
+
+
+def test_a_take_or_an_overrun_ends_take_one_for_the_rest_of_the_second() -> None:
+    loop = ManualClockLoop()
+    loop.now = 1000.2
+    budget = RateBudget(tokens_per_minute=6000, clock=loop.time)
+
+    async def run() -> None:
+        first = budget.reserve(10)
+        assert isinstance(first, Reservation)
+        assert budget.allowance.take_one()
+        assert budget.take(5980) == 0.0  # through the allowance, which `take_one` held room in
+        assert not budget.allowance.take_one()  # the rest of the second is `take`'s
+        assert budget.allowance.take(9)
+        assert not budget.allowance.take(1)  # 10 + 1 + 5980 + 9: all of it
+
+    try:
+        loop.run_until_complete(run())
+        assert remaining(budget) == 0
+    finally:
+        loop.close()
+
+
+def test_an_overrun_in_its_second_ends_take_one_too() -> None:
+    loop = ManualClockLoop()
+    loop.now = 1000.2
+    budget = RateBudget(tokens_per_minute=6000, clock=loop.time)  # a second's share: 100
+
+    async def run() -> None:
+        first = budget.reserve(10)
+        assert isinstance(first, Reservation)
+        assert budget.allowance.take_one()
+        budget.settle(first, 5985)  # 5975 over its estimate, in the allowance's second
+        assert budget.allowance.is_open
+        assert not budget.allowance.take_one()  # 10 + 1 + 5975 leave 14: `take` knows
+        assert budget.allowance.take(14)
+        assert not budget.allowance.take(1)
+
+    try:
+        loop.run_until_complete(run())
+        assert remaining(budget) == 0
+    finally:
+        loop.close()
+
+
+def test_the_guard_charges_the_ones_into_their_second_before_it_ends() -> None:
+    loop = ManualClockLoop()
+    loop.now = 1000.2
+    budget = RateBudget(tokens_per_minute=6000, clock=loop.time)
+
+    async def ones() -> None:
+        assert budget.take(10) == 0.0
+        assert all([budget.allowance.take_one() for _ in range(5)])
+
+    try:
+        loop.run_until_complete(ones())
+        loop.now = 1001.0 - GUARD_MARGIN  # the guard is due: the loop runs on time
+        spin(loop)
+        assert not budget.allowance.is_open  # charged and closed within its second
+        assert remaining(budget) == 5985
+        loop.now = 1060.999  # the second before 1061: 1000's charges still counted
+        assert remaining(budget) == 5985
+        loop.now = 1061.0  # ... and gone: the ones were charged into second 1000
+        assert remaining(budget) == 6000
+    finally:
+        loop.close()
+
+
+def test_a_guard_that_fires_late_charges_the_ones_into_its_own_second() -> None:
+    loop = ManualClockLoop()
+    loop.now = 1000.2
+    budget = RateBudget(tokens_per_minute=6000, clock=loop.time)
+
+    async def ones() -> None:
+        assert budget.take(10) == 0.0
+        assert all([budget.allowance.take_one() for _ in range(5)])
+
+    try:
+        loop.run_until_complete(ones())
+        loop.now = 1003.5  # the loop ran late: ones may have been taken after 1001
+        assert budget.allowance.late_ones(loop.now) == 5
+        spin(loop)
+        assert not budget.allowance.is_open
+        loop.now = 1061.0  # `take(10)` was charged into 1000 and has left; the ones have not
+        assert remaining(budget) == 5995
+        loop.now = 1064.0  # charged into 1003, later than taken: counted longer, never less
+        assert remaining(budget) == 6000
+    finally:
+        loop.close()
+
+
+def test_a_budget_read_after_its_second_charges_the_ones_late_too() -> None:
+    loop = ManualClockLoop()
+    loop.now = 1000.2
+    budget = RateBudget(tokens_per_minute=6000, clock=loop.time)
+
+    async def ones() -> None:
+        assert budget.take(10) == 0.0
+        assert all([budget.allowance.take_one() for _ in range(5)])
+
+    try:
+        loop.run_until_complete(ones())
+        loop.now = 1002.5  # before the guard runs, the budget is asked (a resize)
+        budget.resize("tokens", 6000)
+        assert not budget.allowance.is_open
+        loop.now = 1061.0
+        assert remaining(budget) == 5995
+        loop.now = 1063.0
+        assert remaining(budget) == 6000
+    finally:
+        loop.close()
+
+
+def test_a_guard_that_never_fires_lets_take_one_take_a_seconds_share_at_most() -> None:
+    # asyncio.run() per call: the first loop's guard never fires once that loop is closed.
+    # What `take_one` takes meanwhile is charged late, so it is bounded: a 60th of the minute.
+    clock = Clock(1000.2)
+    budget = RateBudget(tokens_per_minute=600, clock=clock)  # a second's share: 10
+
+    async def ones(count: int) -> list[bool]:
+        taken = [budget.allowance.take_one() for _ in range(count)]
+        if not taken[-1]:
+            assert budget.take(1) == 0.0  # charges what was taken, opens on this loop
+            taken.append(budget.allowance.take_one())
+        return taken
+
+    assert asyncio.run(ones(1)) == [False, True]  # opened by `take(1)`, on the first loop
+    assert asyncio.run(ones(2)) == [True, True]  # that loop is closed: its guard never fires
+    clock.now = 1030.5
+    assert asyncio.run(ones(10)) == [True] * 7 + [False] * 3 + [True]  # 10 in all, charged
+    assert budget.allowance.ones == 1  # opened again, guarded on this loop
+    clock.now = 1061.0  # 1000's charge has left; the 10 ones were charged late, into 1030
+    assert remaining(budget) == 600 - 10 - 1 - 1
+    clock.now = 1091.0
+    assert remaining(budget) == 600 - 1  # the one still open is counted until charged

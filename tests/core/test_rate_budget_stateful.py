@@ -22,6 +22,8 @@ Both shapes run. Checked after every step, against a record of every charge kept
 
 from __future__ import annotations
 
+import asyncio
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,11 +31,23 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from gym_concurrency.limits.budget_allowance import GUARD_MARGIN
 from gym_concurrency.limits.rate_budget import RateBudget, Reservation
 from gym_concurrency.usage import Usage
 
 WINDOW = 60.0
 SOONER = 1e-6
+
+
+class MachineLoop(asyncio.SelectorEventLoop):
+    """An event loop on the machine's clock: a guard armed on it fires when the test says."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        super().__init__()
+        self._machine_clock = clock
+
+    def time(self) -> float:
+        return self._machine_clock()
 
 
 @dataclass
@@ -45,6 +59,7 @@ class Charge:
     amount: int
     overrun: bool = False
     estimate: int = 0
+    counted_from: float | None = None  # charged later than made (a guard that fired late)
 
 
 @dataclass
@@ -121,12 +136,30 @@ class RateBudgetMachine(RuleBasedStateMachine):
         )
         self.opened: list[Opened] = []
         self.step = 0
+        self.loop = MachineLoop(lambda: self.now)
+        self.ones: list[dict[str, Charge]] = []  # what the open allowance's take_one took
+
+    def teardown(self) -> None:
+        if hasattr(self, "loop"):
+            self.loop.close()
+
+    def move_to(self, at: float) -> None:
+        """Time passes to `at`, the loop on time: a guard due on the way (it ends a second's
+        allowance GUARD_MARGIN before the second does) fires when due."""
+        due = math.floor(self.now + GUARD_MARGIN) + 1 - GUARD_MARGIN
+        if due <= at:
+            self.now = due
+            self.spin()
+        self.now = at
+
+    def spin(self) -> None:
+        self.loop.run_until_complete(asyncio.sleep(0))
 
     # --- the rules -----------------------------------------------------------------------
 
     @rule(seconds=_ticks)
     def tick(self, seconds: float) -> None:
-        self.now += seconds
+        self.move_to(self.now + seconds)
 
     @rule(data=st.data(), split=st.booleans(), retry=st.booleans())
     def reserve(self, data: st.DataObject, split: bool, retry: bool) -> None:
@@ -161,10 +194,10 @@ class RateBudgetMachine(RuleBasedStateMachine):
         if isinstance(got, float) and retry:
             refused_at = self.now
             if got > SOONER:
-                self.now = refused_at + got - SOONER
+                self.move_to(refused_at + got - SOONER)
                 sooner = attempt()
                 assert isinstance(sooner, float), f"fits {SOONER} s before the wait of {got}"
-            self.now = refused_at + got
+            self.move_to(refused_at + got)
             at_wait = attempt()
             assert isinstance(at_wait, Reservation), f"the wait of {got} s was not enough"
 
@@ -192,10 +225,60 @@ class RateBudgetMachine(RuleBasedStateMachine):
         if wait > 0.0 and retry:
             refused_at = self.now
             if wait > SOONER:
-                self.now = refused_at + wait - SOONER
+                self.move_to(refused_at + wait - SOONER)
                 assert attempt() > 0.0, f"fits {SOONER} s before the wait of {wait}"
-            self.now = refused_at + wait
+            self.move_to(refused_at + wait)
             assert attempt() == 0.0, f"the wait of {wait} s was not enough"
+
+    @rule(times=st.integers(1, 8))
+    def take_ones(self, times: int) -> None:
+        """`times` uncontended `async with`s of a limit with this budget, on a running loop:
+        `take_one` (no clock: a guard ends the allowance), else `take(1)`."""
+
+        async def ones() -> None:
+            for _ in range(times):
+                self.one()
+
+        self.loop.run_until_complete(ones())
+
+    @rule(seconds=st.sampled_from([0.5, 1.0, 3.0, 61.0]), ones_first=st.integers(0, 3))
+    def loop_runs_late(self, seconds: float, ones_first: int) -> None:
+        """Time passes while the loop is blocked; then the callbacks ahead of a guard due
+        meanwhile take `ones_first` (after its second, maybe) before it fires, late: what
+        `take_one` took is charged now, later than taken."""
+        self.now += seconds
+        for _ in range(ones_first):
+            self.one()
+        self.charged_late()
+        self.spin()
+
+    def one(self) -> None:
+        """One `async with`'s admission: `take_one`, else `take(1)`."""
+        asks = dict.fromkeys(self.limits, 1)
+        allowance = self.budget.allowance
+        before = self.remaining()
+        if allowance.take_one():
+            if allowance.ones == 1:  # the first of this allowance: the ones before charged
+                self.ones.clear()
+            self.opened_now(None, asks)
+            self.ones.append({name: c[-1] for name, c in self.model.charges.items()})
+            return
+        self.charged_late()  # a `take` past the allowance's second charges it first
+        if self.budget.take(1) == 0.0:
+            self.opened_now(None, asks)
+        else:
+            assert self.remaining() == before, (before, self.remaining())
+
+    def charged_late(self) -> None:
+        """The open allowance's ones, if the budget will charge them late (any call now
+        does): counted from now."""
+        late = self.budget.allowance.late_ones(self.now)
+        if late:
+            assert late == len(self.ones), (late, len(self.ones))
+            for charges in self.ones:
+                for charge in charges.values():
+                    charge.counted_from = self.now
+            self.ones.clear()
 
     @precondition(lambda self: bool(self.opened))
     @rule(data=st.data(), as_total=st.booleans())
@@ -307,7 +390,7 @@ class RateBudgetMachine(RuleBasedStateMachine):
         if not charges:
             return True
         if self.shape == "sliding":
-            return all(c.at <= self.now - 61.0 for c in charges)
+            return all((c.counted_from or c.at) <= self.now - 61.0 for c in charges)
         taken = sum(c.estimate if not c.overrun else c.amount for c in charges)
         last = max(c.at for c in charges)
         return (self.now - last) * self.limits[name] / WINDOW >= taken
