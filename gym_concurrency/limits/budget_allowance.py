@@ -11,27 +11,31 @@ only adds room, and an overrun charged in that second is taken off the allowance
 
 Two ways to take, both O(1), no loop:
 - `take(tokens)`: any estimate; it reads the clock, and never takes once the second has ended.
-- `take_one()`: an estimate of 1, the uncontended `async with` of a limit with a budget. It does
-  not read the clock (a third of its cost), so it takes only while a guard is armed: a timer
-  on the running event loop that ends the allowance `GUARD_MARGIN` before its second does (the
-  budget's `end`: charge and close). A loop running later than that may let ones through
-  after the second ended; `late_ones(now)` counts them all as late then, and the budget charges
-  those into the second of `now`: later than they were taken, so counted longer, never less.
-  The budget lets `take_one` take at most a second's share of its minute an allowance
-  (`open(ones=)`), so what a late guard, or one on a loop since closed that never fires,
-  holds back for too long is that share at most. No loop running: no guard, no `take_one`.
-  A `take` or an overrun ends `take_one` for the rest of the allowance (`take` serves it).
+- `take_one()`: an estimate of 1, the uncontended `async with` of a limit with a budget. It is
+  next() of an iterator of as many True as it may take: a C call, no Python frame, no clock.
+  So it takes only while a guard is armed: a timer on the running event loop that ends the
+  allowance `GUARD_MARGIN` before its second does (the budget's `end`: charge and close). A
+  loop running later than that may let ones through after the second ended; `late_ones(now)`
+  counts them all as late then, and the budget charges those into the second of `now`: later
+  than they were taken, so counted longer, never less. The budget lets `take_one` take at most
+  a second's share of its minute an allowance (`open(ones=)`), so what a late guard, or one on
+  a loop since closed that never fires, holds back for too long is that share at most. No
+  loop running: no guard, no `take_one`. A `take` or an overrun (both within the second) count
+  what `take_one` took as theirs and end it for the rest of the allowance.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import math
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Iterator
 
 from .rate_window import SLOT_SECONDS, WINDOW_SLOTS
 
-__all__ = ["GUARD_MARGIN", "BudgetAllowance", "no_allowance"]
+__all__ = ["GUARD_MARGIN", "BudgetAllowance", "NoAllowance", "no_allowance"]
 
 _COUNTED = WINDOW_SLOTS * SLOT_SECONDS  # a second's charges leave the window this long after it
 # The guard ends the allowance this long before its second does, so that ones are late only when
@@ -50,11 +54,12 @@ class BudgetAllowance:
         "_guard",
         "_guarded_on",
         "_guarded_until",
-        "_ones_cap",
+        "_ones",
+        "_ones_given",
         "_requests",
         "_tokens",
         "_until",
-        "ones",
+        "take_one",
         "taken_requests",
         "taken_tokens",
     )
@@ -68,30 +73,33 @@ class BudgetAllowance:
         self._until = -math.inf  # closed
         self._tokens = 0  # what may be taken in all since `open`
         self._requests = 0
-        self._ones_cap = 0  # `take_one` takes while `ones` is below it (0: it does not)
         self.taken_tokens = 0  # what `take` took since `open`: the budget's to charge
         self.taken_requests = 0
-        self.ones = 0  # calls `take_one` took since `open` (a token and a request each)
+        # `take_one()`: `take(1)` while a guard is armed, without reading the clock (see the
+        # module): next() of `_ones`, an iterator of `_ones_given` True, or `no_allowance`. A
+        # C call, no Python frame: it is most of what an uncontended `async with` adds.
+        self._ones: Iterator[bool] = _NO_ONES
+        self._ones_given = 0
+        self.take_one: Callable[[], bool] = no_allowance
+
+    @property
+    def ones(self) -> int:
+        """Calls `take_one` took since `open` (a token and a request each), not yet `take`'s."""
+        return self._ones_given - operator.length_hint(self._ones)
 
     def take(self, tokens: int) -> bool:
         """Take `tokens` and one request if the allowance holds them now (True); False: nothing
         taken (also for `tokens` < 0), ask the budget. `take_one` takes no more after it."""
-        taken, ones = self.taken_tokens + tokens, self.ones
-        if taken + ones > self._tokens or self.taken_requests + ones >= self._requests:
+        taken = self.taken_tokens + tokens  # (two writes, not four: a hot path too)
+        if taken > self._tokens or self.taken_requests >= self._requests or tokens < 0:
             return False
-        if tokens < 0 or self._clock() >= self._until:
+        if self._clock() >= self._until:
             return False
-        self.taken_tokens = taken  # (three writes, not more: a hot path too)
+        if self.take_one is not no_allowance:  # (its ones are this second's: the clock says)
+            self._count_ones_as_taken()
+            return self.take(tokens)
+        self.taken_tokens = taken
         self.taken_requests += 1
-        self._ones_cap = 0  # (cheaper than fitting it anew: `take` serves the rest)
-        return True
-
-    def take_one(self) -> bool:
-        """`take(1)` while a guard is armed, without reading the clock (see the module)."""
-        ones = self.ones
-        if ones >= self._ones_cap:
-            return False
-        self.ones = ones + 1
         return True
 
     def open(self, tokens: int, requests: int, until: float, now: float, ones: int) -> None:
@@ -102,19 +110,23 @@ class BudgetAllowance:
         self._requests = requests
         self._until = until
         if self._arm(now):  # a token and a request each
-            self._ones_cap = min(tokens, requests, ones)
+            self._ones_given = min(tokens, requests, ones)
+            self._ones = itertools.repeat(True, self._ones_given)
+            self.take_one = functools.partial(next, self._ones, False)
 
     def close(self) -> None:
         """Allow nothing more and forget what was taken (the budget has charged it). An armed
         guard stays: an allowance opened again in the same second is guarded by it."""
         self._until = -math.inf
-        self._tokens = self._requests = self._ones_cap = 0
-        self.taken_tokens = self.taken_requests = self.ones = 0
+        self._tokens = self._requests = 0
+        self.taken_tokens = self.taken_requests = 0
+        self._end_ones()
 
     def shrink(self, tokens: int) -> None:
-        """Allow `tokens` fewer of every token budget: charged meanwhile (an overrun)."""
+        """Allow `tokens` fewer of every token budget: charged meanwhile (an overrun), within
+        the allowance's second (`current()`)."""
         self._tokens -= tokens
-        self._ones_cap = 0  # `take` serves the rest of the second
+        self._count_ones_as_taken()  # `take` serves the rest of the second
 
     def current(self) -> bool:
         """Open, and its second not ended yet: the budget's meters are still in it."""
@@ -138,6 +150,18 @@ class BudgetAllowance:
         if now >= self._until + _COUNTED:
             return ones, ones
         return self.taken_tokens + ones, self.taken_requests + ones
+
+    def _count_ones_as_taken(self) -> None:
+        """Count what `take_one` took as `take`'s (taken in the allowance's second: the caller
+        knows) and take no more that way."""
+        ones = self.ones
+        self.taken_tokens += ones
+        self.taken_requests += ones
+        self._end_ones()
+
+    def _end_ones(self) -> None:
+        self.take_one = no_allowance
+        self._ones, self._ones_given = _NO_ONES, 0
 
     def _arm(self, now: float) -> bool:
         """A guard armed to end this second's allowance on the running loop (True), or none
@@ -163,6 +187,16 @@ class BudgetAllowance:
 
 
 def no_allowance() -> bool:
-    """`BudgetAllowance.take_one` of a limit with no allowance (no budget, or an engine that
-    must be asked at every admission): never, ask the upstream."""
+    """`take_one` of an allowance closed, or not guarded: never, ask the budget."""
     return False
+
+
+class NoAllowance:
+    """The allowance of a limit that has none (no budget, or an engine that must be asked at
+    every admission): `take_one` never takes, ask the upstream."""
+
+    __slots__ = ()
+    take_one = staticmethod(no_allowance)
+
+
+_NO_ONES: Iterator[bool] = itertools.repeat(True, 0)

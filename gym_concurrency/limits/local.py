@@ -13,7 +13,7 @@ from ._base import LimitBase, check_count
 from .admission_counts import AdmissionCounts
 from .asks import check_weight, not_held
 from .backfill import check_backfill_seconds
-from .budget_allowance import no_allowance
+from .budget_allowance import NoAllowance
 from .caps import CappedHolds
 from .deadlines import check_deadline
 from .flows import Ask, FlowStatistics, flow_statistics
@@ -86,7 +86,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         self._caps = CappedHolds()  # holders admitted at a shrunk limit's size, below their ask
         self._backfilled = 0
         self._gate = UpstreamGate.of(self._upstream, self._admit_waiters)
-        self._allowed = no_allowance if self._gate is None else self._gate.allowed  # (one call)
+        self._allowance = NoAllowance() if self._gate is None else self._gate.allowance
         self._queue = WaitQueue(self._held_by, backfill_seconds, estimates=self._gate is not None)
         # The queue's waiters in arrival order, read (never written) here: on the hot paths an
         # attribute of the queue costs the uncontended `async with` about 2% more instructions.
@@ -178,7 +178,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         # acquire() with the defaults, try_acquire() inline (a call costs 14 %: performance.md)
         if self._gate is not None:  # acquire(), one coroutine less: charged in full
             free = self._active < self._limit and not self._waiting and not self._handed
-            if free and self._allowed():  # the budget's allowance: one call
+            if free and self._allowance.take_one():  # the budget's allowance: a C call
                 self._active += 1
             elif not self.try_acquire():
                 reservation = await self._reserve(1, None, None, None)

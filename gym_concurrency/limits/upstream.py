@@ -39,7 +39,7 @@ from typing import Literal
 
 from ..engines.signal import EngineSignal, EngineStatistics
 from ..safe_urls import safe_url
-from .budget_allowance import no_allowance
+from .budget_allowance import BudgetAllowance, NoAllowance
 from .flows import Waiting
 from .limit import Admission, Refusal, UpstreamCapacityError
 from .rate_budget import RateBudget, RateBudgetStatistics, Reservation
@@ -178,7 +178,7 @@ class UpstreamGate:
         "_retry",
         "_target",
         "_timer",
-        "allowed",
+        "allowance",
         "upstream",
     )
 
@@ -189,10 +189,12 @@ class UpstreamGate:
         self._timer: asyncio.TimerHandle | None = None
         self._due = math.inf
         self._target: tuple[Waiter, float] | None = None  # the chosen one's, on the budget's clock
-        # What an uncontended `async with` asks alone: the budget's allowance (one call,
+        # What an uncontended `async with` asks alone: the budget's allowance (a C call,
         # budget_allowance.py), unless an engine must be asked at every admission.
         budget, alone = upstream.budget, upstream.engine is None
-        self.allowed = budget.allowance.take_one if budget is not None and alone else no_allowance
+        self.allowance: BudgetAllowance | NoAllowance = (
+            budget.allowance if budget is not None and alone else NoAllowance()
+        )
         engine = upstream.engine
         if engine is not None:
             listener = _listener(self._retry)

@@ -110,8 +110,9 @@ def test_async_with_takes_the_budgets_allowance_and_stops_where_the_budget_does(
 
     for _ in range(5):  # the first through the budget, which opens its allowance for the rest
         run(loop, one())
-    # One without the clock (a second's share of 5 a minute), guarded; the rest read it.
-    assert (budget.allowance.ones, budget.allowance.taken_requests) == (1, 3)
+    # One through `take_one` (a second's share of 5 a minute is 1), guarded; the rest read
+    # the clock (`take`, which counts that one as its own).
+    assert (budget.allowance.ones, budget.allowance.taken_requests) == (0, 4)
     advance(loop, 0.99)  # the guard fires before its second ends: charged into that second
     assert not budget.allowance.is_open
     statistics = budget.statistics()
