@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 import json
 import random
 import time
@@ -118,10 +119,7 @@ class FakeEngine(Collector):
 
     def _service(self) -> float:
         """How long the next run lasts (see `service_spread`)."""
-        spread = self.service_spread
-        if not spread:
-            return self.service_seconds
-        return self.service_seconds * self._draws.uniform(1 - spread, 1 + spread)
+        return run_seconds(self._draws, self.service_seconds, self.service_spread)
 
     async def run(self, tokens: int) -> None:
         """Run one request of `tokens`: wait for a batch slot and cache, then the service time."""
@@ -235,6 +233,29 @@ class FakeEngine(Collector):
             "usage": {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens},
         }
         await _reply(send, 200, json.dumps(completion).encode())
+
+
+def run_seconds(draws: random.Random, service_seconds: float, spread: float) -> float:
+    """One run's time: `service_seconds` x U(1 - spread, 1 + spread) from `draws` (a spread
+    of 0 draws nothing)."""
+    if not spread:
+        return service_seconds
+    return service_seconds * draws.uniform(1 - spread, 1 + spread)
+
+
+def ceiling(requests: int, batch: int, service_seconds: float, spread: float) -> float:
+    """The batch utilisation no admission can pass for a burst of `requests` (all there at
+    once): each run starts the moment a batch slot frees (no hand-off time at all), in FIFO
+    order, lasting what the engine would draw for it (the KV cache not binding). Below 1: the
+    burst's last runs leave slots idle while they end."""
+    draws, free, busy = random.Random(0), [0.0] * batch, 0.0
+    for _ in range(requests):
+        start = heapq.heappop(free)
+        seconds = run_seconds(draws, service_seconds, spread)
+        busy += seconds
+        heapq.heappush(free, start + seconds)
+    end = max(free)
+    return busy / (batch * end) if end > 0 else 1.0
 
 
 def _gauge(name: str, doc: str, labels: list[str], value: float) -> GaugeMetricFamily:

@@ -36,7 +36,11 @@ def test_the_engine_goal_runs_its_baselines(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     for config in ("fixed", "aimd", "gradient"):
         assert f"| `{config}` |" in done.stdout
-    cells = json.loads((tmp_path / "engine-goal.json").read_text())["cells"]
+    result = json.loads((tmp_path / "engine-goal.json").read_text())
+    assert result["ceiling"] == pytest.approx(100 / (16 * 7), abs=1e-4)  # 6 waves, 4 alone
+    for config, row in result["summary"].items():  # no burst passes its ceiling
+        assert 0 < row["of_ceiling"] <= 1.0 + 1e-3, config
+    cells = result["cells"]
     assert {cell["config"] for cell in cells} == {"fixed", "aimd", "gradient"}
     for cell in cells:
         assert cell["completed"] == cell["served"] == 100, cell["config"]
