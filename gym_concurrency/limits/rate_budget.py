@@ -92,6 +92,7 @@ class RateBudget:
         "_clock",
         "_epoch",
         "_now",
+        "_ones",
         "_ones_share",
         "shape",
     )
@@ -126,8 +127,8 @@ class RateBudget:
             )
         self.shape = shape
         self._by_name = {b.name: b for b in self._budgets}
-        self._cap = self._largest_estimate()
-        self._ones_share = self._second_share()
+        self._sized()
+        self._ones = self._whole(1)  # (asked of each budget by an estimate of 1: made once)
         self._clock = clock
         self._epoch = 0  # one more at every provider report
         # The latest time the meters were moved to (the clock never goes back here); a take
@@ -153,13 +154,11 @@ class RateBudget:
         larger estimate raises); None with a budget of requests only."""
         return self._cap
 
-    def _largest_estimate(self) -> int | None:
-        return min((b.limit for b in self._budgets if b.name != "requests"), default=None)
-
-    def _second_share(self) -> int:
-        """A second's share of the smallest budget (at least 1): the most an allowance lets
-        `take_one` take, and so what a guard firing late can charge late (budget_allowance.py)."""
-        return min(max(1, b.limit // 60) for b in self._budgets)
+    def _sized(self) -> None:
+        """What follows from the sizes: the largest estimate, and a second's share of the
+        smallest budget (>= 1), the most an allowance's `take_one` takes (budget_allowance.py)."""
+        self._cap = min((b.limit for b in self._budgets if b.name != "requests"), default=None)
+        self._ones_share = min(max(1, b.limit // 60) for b in self._budgets)
 
     def reserve(
         self, tokens: int, *, input_tokens: int | None = None, output_tokens: int | None = None
@@ -238,8 +237,7 @@ class RateBudget:
         if target is None:
             raise ValueError(f"this RateBudget has no {budget} budget to resize")
         target.resize(_size(budget, per_minute), self._advance())
-        self._cap = self._largest_estimate()
-        self._ones_share = self._second_share()
+        self._sized()
 
     def settle(self, reservation: Reservation, usage: Usage | int) -> None:
         """Close `reservation` with what the call used: a `Usage`, or a total of tokens (then
@@ -343,8 +341,7 @@ class RateBudget:
                 requests = room
             else:
                 tokens = min(tokens, room)
-        until = slot_start(slot_of(now) + 1)
-        self._allowance.open(tokens, requests, until, now, self._ones_share)
+        self._allowance.open(tokens, requests, slot_start(slot_of(now) + 1), now, self._ones_share)
 
     def _reserve(self, asked: tuple[tuple[MeteredBudget, int], ...]) -> Reservation | float:
         """`reserve()` of what `_asked` made of its arguments."""
@@ -360,10 +357,14 @@ class RateBudget:
     def _allowed(self, tokens: int) -> Reservation:
         """The Reservation of `tokens` and a request that the allowance took, made in its
         second (at the time it opened: a refund goes back to that second)."""
-        asked = tuple([(b, 1 if b.name == "requests" else tokens) for b in self._budgets])
+        asked = self._ones if tokens == 1 else self._whole(tokens)
         for budget, amount in asked:
             budget.reserved += amount
         return Reservation(self, asked, self._now, self._epoch)
+
+    def _whole(self, tokens: int) -> tuple[tuple[MeteredBudget, int], ...]:
+        """`tokens` asked of each budget (1 of `requests`)."""
+        return tuple([(b, 1 if b.name == "requests" else tokens) for b in self._budgets])
 
     def _charge(self, asked: tuple[tuple[MeteredBudget, int], ...], now: float) -> float:
         """Charge every budget its part of `asked` at `now` (0.0), or none if one cannot hold
@@ -386,7 +387,7 @@ class RateBudget:
     ) -> tuple[tuple[MeteredBudget, int], ...]:
         tokens = check_count("tokens", tokens)
         if input_tokens is None and output_tokens is None:  # the whole estimate to each
-            asked = tuple([(b, 1 if b.name == "requests" else tokens) for b in self._budgets])
+            asked = self._ones if tokens == 1 else self._whole(tokens)
         else:
             given = {"input_tokens": input_tokens, "output_tokens": output_tokens}
             split: dict[str, int] = {"tokens": tokens, "requests": 1}
