@@ -213,8 +213,10 @@ class LimitBase:
         deadline: float | None = None,
         *,
         tokens: int | None = None,
+        in_full: bool = False,
     ) -> asyncio.Future[Admission]:
-        """Join the queue (asking `tokens` of the upstream); the future ends with the wait."""
+        """Join the queue (asking `tokens` of the upstream, charged `in_full` or settled); the
+        future ends with the wait."""
         raise NotImplementedError
 
     def release(self, weight: int = 1, flow: Hashable = None) -> None:
@@ -316,7 +318,7 @@ class LimitBase:
         if self._asks_upstream():  # charged in full: acquire() cannot settle
             if tokens is None and self.try_acquire(weight, flow):
                 return True
-            reservation = await self._reserve(weight, flow, deadline, tokens)
+            reservation = await self._reserve(weight, flow, deadline, tokens, True)
             if reservation is not None:
                 reservation.charge_in_full()
             return True
@@ -387,16 +389,16 @@ class LimitBase:
         return True
 
     async def _reserve(
-        self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
+        self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None, in_full: bool
     ) -> BudgetReservation | None:
         """`acquire()`, returning the reservation taken with the slots for the caller to close
-        (None: no upstream): with an upstream, through `enqueue(tokens=)` and `settle`."""
+        (None: none; `in_full`: the caller charges it in full): `enqueue(tokens=)`, `settle`."""
         if not self._asks_upstream():
             await self.acquire(weight, flow, deadline=deadline, tokens=tokens)
             return None
         if deadline is None:  # what is left of the request's, if one is being handled
             deadline = deadline_remaining()
-        waiter = self.enqueue(weight, flow, deadline, tokens=tokens)
+        waiter = self.enqueue(weight, flow, deadline, tokens=tokens, in_full=in_full)
         try:
             admission = await waiter
         except asyncio.CancelledError:

@@ -21,7 +21,12 @@ Two ways to take, both O(1), no loop:
   a second's share of its minute an allowance (`open(ones=)`), so what a late guard, or one on
   a loop since closed that never fires, holds back for too long is that share at most. No
   loop running: no guard, no `take_one`. A `take` or an overrun (both within the second) count
-  what `take_one` took as theirs and end it for the rest of the allowance.
+  what `take_one` took as theirs and end it for the rest of the allowance. A limit hands freed
+  slots to waiters charged in full by `take_one` as well, and gives back (`untake_one`) one it
+  took for a waiter that turned out to be gone.
+
+`holds(tokens)` answers whether `take` would take them, taking nothing: a budget asked how long
+a call waits answers 0 from it, and leaves it open.
 """
 
 from __future__ import annotations
@@ -102,6 +107,14 @@ class BudgetAllowance:
         self.taken_requests += 1
         return True
 
+    def holds(self, tokens: int) -> bool:
+        """True if `take(tokens)` would take them now; nothing taken (it reads the clock)."""
+        ones = self.ones
+        room = self.taken_tokens + ones + tokens <= self._tokens
+        if not room or self.taken_requests + ones >= self._requests or tokens < 0:
+            return False
+        return self._clock() < self._until
+
     def open(self, tokens: int, requests: int, until: float, now: float, ones: int) -> None:
         """Allow `tokens` of every token budget and `requests` requests until `until` (the
         budget's clock, read `now`), with nothing taken yet (after `close`); up to `ones` of
@@ -113,6 +126,12 @@ class BudgetAllowance:
             self._ones_given = min(tokens, requests, ones)
             self._ones = itertools.repeat(True, self._ones_given)
             self.take_one = functools.partial(next, self._ones, False)
+
+    def untake_one(self) -> None:
+        """Give back the call `take_one` took last, unused: only in the same synchronous stretch
+        (no `close` or `open` since). It is not taken again."""
+        if self.ones > 0:
+            self._ones_given -= 1
 
     def close(self) -> None:
         """Allow nothing more and forget what was taken (the budget has charged it). An armed
@@ -197,6 +216,9 @@ class NoAllowance:
 
     __slots__ = ()
     take_one = staticmethod(no_allowance)
+
+    def untake_one(self) -> None:
+        """Nothing was taken."""
 
 
 _NO_ONES: Iterator[bool] = itertools.repeat(True, 0)

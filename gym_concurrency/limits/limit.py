@@ -187,9 +187,12 @@ class Limit(Protocol):
         deadline: float | None = None,
         *,
         tokens: int | None = None,
+        in_full: bool = False,
     ) -> asyncio.Future[Admission]:
         """Join the queue asking `tokens` of its upstream (None: the weight); the future ends
-        with how the wait ended (done at once if shed)."""
+        with how the wait ended (done at once if shed). `in_full`: the caller charges what it
+        is handed in full, never settles it: a limit may admit it from its budget's allowance,
+        with no reservation for `settle()` to return."""
         ...
 
     def flow_statistics(self) -> list[FlowStatistics]:
@@ -251,7 +254,7 @@ class Reserving(Protocol):
     """What `Hold` asks of a limit (LimitBase provides it)."""
 
     async def _reserve(
-        self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None
+        self, weight: int, flow: Hashable, deadline: float | None, tokens: int | None, in_full: bool
     ) -> BudgetReservation | None: ...
     def release(self, weight: int = 1, flow: Hashable = None) -> None: ...
 
@@ -299,7 +302,8 @@ class Hold:
         self._held: Held | None = None
 
     async def __aenter__(self) -> Held:
-        reservation = await self._limit._reserve(self._weight, self._flow, None, self._tokens)
+        limit = self._limit  # its reservation settled by the caller (`held.settle`) or the exit
+        reservation = await limit._reserve(self._weight, self._flow, None, self._tokens, False)
         self._held = Held(reservation)
         return self._held
 
@@ -319,7 +323,7 @@ async def wait_in_queue(
     limit's timeout (the request's: `deadline.deadline_remaining()`, as `acquire()` passes);
     cancelled, leave the queue (a slot handed over at that moment passes on) and re-raise.
     A reservation handed with the slot is charged in full: nothing here can settle it."""
-    waiter = limit.enqueue(weight, flow, deadline)
+    waiter = limit.enqueue(weight, flow, deadline, in_full=True)
     try:
         admission = await waiter
     except asyncio.CancelledError:

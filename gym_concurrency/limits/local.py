@@ -76,8 +76,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         )
         self._limit = value
         self._active = 0  # weight held, including weight handed to a waiter not yet resumed
-        # Weight held by each flow but the default one (None holds the rest of `_active`);
-        # a flow is kept only while it holds weight.
+        # Weight held by each flow while it holds some, but None's (the rest of `_active`).
         self._held: dict[Hashable, int] = {}
         self._held_by_flows = 0  # the sum of `_held`
         # Waiters handed weight (None: 1 of the default flow) whose tasks have not resumed yet
@@ -132,8 +131,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         return self._backfilled
 
     def handover_wait(self) -> float | None:
-        """Seconds the measured hand-over rate takes to hand out what is queued and one more
-        (None: not measured yet: no waiters with deadlines so far)."""
+        """Seconds to hand out what is queued and one more at the measured rate (None: unknown)."""
         return self._queue.handover_wait()
 
     def flow_statistics(self) -> list[FlowStatistics]:
@@ -176,28 +174,24 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
 
     async def __aenter__(self) -> None:
         # acquire() with the defaults, try_acquire() inline (a call costs 14 %: performance.md)
-        if self._gate is not None:  # acquire(), one coroutine less: charged in full
-            free = self._active < self._limit and not self._waiting and not self._handed
-            if free and self._allowance.take_one():  # the budget's allowance: a C call
-                self._active += 1
-            elif not self.try_acquire():
-                reservation = await self._reserve(1, None, None, None)
-                if reservation is not None:
-                    reservation.charge_in_full()
-            return
         if self._active < self._limit and not self._waiting and not self._handed:
-            self._active += 1
-            return
+            if self._gate is None or self._allowance.take_one():  # (the budget's: a C call)
+                self._active += 1
+                return
+            if self.try_acquire():  # the upstream asked, charged in full
+                return
         # wait_in_queue(), inline (one coroutine less): the contended path is the hot one too.
         deadline = None if request_deadline() is None else deadline_remaining()
-        waiter = self.enqueue(1, None, deadline)
+        waiter = self.enqueue(1, None, deadline, in_full=True)
         try:
             admission = await waiter
         except asyncio.CancelledError:
             self.leave(waiter)
             raise
         if self._handed:
-            self.settle(waiter)
+            reservation = self.settle(waiter)
+            if reservation is not None:  # charged in full: `async with` cannot settle
+                reservation.charge_in_full()
         if admission != "admitted":
             raise self._refused(admission, deadline)
 
@@ -242,13 +236,14 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         deadline: float | None = None,
         *,
         tokens: int | None = None,
+        in_full: bool = False,
     ) -> Waiter:
         """Join the queue (call after `try_acquire()` failed): the future ends "admitted" (the
         weight is held), "timeout" (the limit's timeout) or "deadline" (the waiter's own
         `deadline`, in seconds from now, when sooner), or is done already: "shed" if
         `max_queue` tasks wait, "deadline" if the deadline is past or the measured hand-over
-        rate says it cannot be met; upstream.py says how `tokens` end it. ValueError for a
-        weight over the limit or bad `tokens`; nothing else raises."""
+        rate says it cannot be met; upstream.py says how `tokens` end it (`in_full`: limit.py).
+        ValueError for a weight over the limit or bad `tokens`; nothing else raises."""
         if weight != 1:
             check_weight(type(self).__name__, self._describe, weight, self._limit)
         loop = asyncio.get_running_loop()
@@ -280,7 +275,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         if self._timeout is not None:
             due = loop.time() + self._timeout
             self._timer.arm(loop, due)
-        queue.add(waiter, weight, flow, due, estimate)
+        queue.add(waiter, weight, flow, due, estimate, in_full)
         if deadline is not None and (self._timeout is None or deadline < self._timeout):
             queue.arm(waiter, deadline, self._deadline_passed)
         free = self._active < self._limit and not self._handed
@@ -332,8 +327,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             self._forget(waiter)  # the capacity held for it moves on
 
     def _time_out(self, now: float) -> None:
-        """The limit's timer (queue_timer.py): every waiter whose timeout has passed by `now`
-        (the oldest ones) ends "timeout"."""
+        """The limit's timer (queue_timer.py): the waiters whose timeout passed by `now` end."""
         queue = self._queue
         held_for = False
         gate = self._gate  # "budget" / "saturated" while it holds back the one chosen next
@@ -353,18 +347,24 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     # --- admission -------------------------------------------------------------------
 
     def _admit_waiters(self) -> None:
-        """Hand free capacity to the next waiters: the oldest (one flow, weight 1, no upstream),
-        else the one chosen next (`_admit_fairly`: by flow, or the oldest an upstream holds)."""
+        """Hand free capacity to the next waiters: the oldest (one flow, weight 1; an upstream's
+        allowance takes each), else the one chosen next (`_admit_fairly`: by flow, or upstream)."""
         queue = self._queue
-        if queue.fair or self._gate is not None:  # (an upstream may hold the oldest back)
-            self._admit_fairly()
+        if queue.fair or (self._gate is not None and queue.holding):
+            self._admit_fairly()  # (an upstream holds the oldest back)
             return
+        take_one = None if self._gate is None else self._allowance.take_one  # (a C call)
         while self._active < self._limit:
+            if take_one is not None and not take_one():
+                self._admit_fairly()  # the upstream asked: it may hold the oldest back
+                return
             oldest = queue.pop_oldest()
-            if oldest is None:
+            if oldest is None:  # (only waiters cancelled with their tasks were left)
+                self._allowance.untake_one()  # what it took goes back
                 return
             waiter, late = oldest
             if late:  # its deadline passed while the loop ran late: refused, not a slot
+                self._allowance.untake_one()
                 self._end_late(waiter, "deadline")
                 continue
             self._active += 1

@@ -192,6 +192,8 @@ class RateBudget:
         """Seconds until `reserve` with the same estimate would succeed (0.0: now), charging
         nothing: a Retry-After. The same ValueError as `reserve` for a bad estimate."""
         asked = self._asked(tokens, input_tokens, output_tokens)
+        if input_tokens is None and output_tokens is None and self._allowance.holds(tokens):
+            return 0.0  # (read without charging and closing it: it stays open)
         now = self._advance()
         return max((budget.wait(amount, now) for budget, amount in asked if amount), default=0.0)
 

@@ -18,13 +18,14 @@ its weight; capped at the budget's minute and counted in `admission_capped`):
   `admission_budget` / `admission_saturated`); else "timeout", as without an upstream.
 The waiter chosen next that the upstream cannot take yet keeps the slots held for it (as a
 heavy waiter does): lighter ones pass it only under `backfill_seconds`. While every waiter asks
-weight 1 of the default flow and an estimate of 1 (`async with`), the queue stays plain FIFO
-and the oldest is that waiter: nobody behind it asks less. One that its budget
-alone holds back gets a target when it is first chosen: when its estimate would fit with
-nothing more charged, plus `backfill_seconds`. Lighter waiters are admitted past it while
-they fit now and leave it its slots, and room in the budget at that target
-(`RateBudget.spare`): what it leaves idle while it waits is used, and it is admitted no
-later (refunds only help; overruns charged meanwhile may still delay it).
+weight 1 of the default flow and an estimate of 1, charged in full (`async with`), the queue
+stays plain FIFO and the oldest is that waiter: nobody behind it asks less; freed slots go to it
+from the budget's allowance while that lets them (local.py), without a reservation. One that its
+budget alone holds back gets a target when it is first chosen: when its estimate would fit with
+nothing more charged, plus `backfill_seconds`. Lighter waiters are admitted past it while they
+fit now and leave it its slots, and room in the budget at that target (`RateBudget.spare`): what
+it leaves idle while it waits is used, and it is admitted no later (refunds only help; overruns
+charged meanwhile may still delay it).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The wait queue of a MeteredSemaphore: its waiters in arrival order, each with when the
 limit's timeout ends its wait; by flow once one asks for more than weight 1 of the default
-flow or (a limit with an upstream) an estimate other than 1 (flows.py); their own deadlines
-and the hand-over rate (deadlines.py); the waiter chosen next, capacity held for it until its
-weight fits, and who may pass it meanwhile (backfill.py).
+flow or (a limit with an upstream) an estimate other than 1 or one to settle (flows.py); their
+own deadlines and the hand-over rate (deadlines.py); the waiter chosen next, capacity held for
+it until its weight fits, and who may pass it meanwhile (backfill.py).
 
 It says who waits and who is admitted next. It ends no wait and holds no weight: the
 semaphore (local.py) hands weight over, ends waits and counts how they ended.
@@ -32,8 +32,10 @@ class WaitQueue:
     attributes are read on the semaphore's hot paths and written only here: `waiters` (arrival
     order: waiter -> when its timeout is due, loop time, None without one; never rebound, so
     the semaphore may keep a reference to it) and `fair`. With `estimates` (a limit with an
-    upstream) each waiter asks its own estimate of it too: one other than 1 queues every
-    waiter by flow, as a weight other than 1 does.
+    upstream) each waiter asks its own estimate of it too: one other than 1, or one the caller
+    settles (not `in_full`: it needs a reservation), queues every waiter by flow, as a weight
+    other than 1 does. Plain FIFO, every waiter is charged in full: its upstream's allowance
+    may take it (local.py).
     """
 
     __slots__ = (
@@ -106,9 +108,10 @@ class WaitQueue:
         flow: Hashable,
         due: float | None,
         estimate: int = 1,
+        in_full: bool = True,
     ) -> None:
-        """Queue `waiter`, asking `weight` for `flow` (and `estimate` of the upstream, if it
-        keeps `estimates`), its timeout due at `due` (loop time)."""
+        """Queue `waiter`, asking `weight` for `flow` (and `estimate` of the upstream, charged
+        `in_full` or settled, if it keeps `estimates`), its timeout due at `due` (loop time)."""
         waiters = self.waiters
         waiters[waiter] = due
         if self._deadlines is not None and len(waiters) == 1:
@@ -117,7 +120,7 @@ class WaitQueue:
             weight == 1
             and flow is None
             and not self.fair
-            and (estimate == 1 or not self._keeps_estimates)
+            and ((estimate == 1 and in_full) or not self._keeps_estimates)
         ):
             return
         flows, asks = self._flows, self._asks

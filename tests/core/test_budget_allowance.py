@@ -1,8 +1,8 @@
 """A sliding RateBudget's allowance for the rest of the second (budget_allowance.py), on a
 clock the test moves: calls charged in full take from it once a charge has opened it, it is
 charged into the window and closed before the budget reads its meters again (a resize, a
-provider's report, a wait), a settlement inside its second keeps it and an overrun shrinks
-it, statistics count what it took, and a token bucket never opens one."""
+provider's report, a wait it does not hold itself), a settlement inside its second keeps it and
+an overrun shrinks it, statistics count what it took, and a token bucket never opens one."""
 
 from __future__ import annotations
 
@@ -301,3 +301,30 @@ def test_a_guard_that_never_fires_lets_take_one_take_a_seconds_share_at_most() -
     assert remaining(budget) == 600 - 10 - 1 - 1
     clock.now = 1091.0
     assert remaining(budget) == 600 - 1  # the one still open is counted until charged
+
+
+def test_asking_how_long_keeps_it_open_while_it_holds_the_call() -> None:
+    loop = ManualClockLoop()
+    loop.now = 1000.2
+    budget = RateBudget(tokens_per_minute=6000, requests_per_minute=3, clock=loop.time)
+
+    async def asked() -> list[float]:
+        assert budget.take(10) == 0.0  # opened: 2 requests left, 1 of them to take_one
+        assert budget.allowance.take_one()
+        waits = [budget.wait_for(5900)]  # 1 request left, and 5,989 tokens: it holds it
+        assert budget.allowance.is_open
+        assert budget.allowance.take_one() is False  # (its second's share is taken)
+        waits.append(budget.wait_for(5990))  # more tokens than it holds: the window says
+        return waits
+
+    try:
+        waits = loop.run_until_complete(asked())
+        assert waits[0] == 0.0
+        assert waits[1] > 0.0
+        assert not budget.allowance.is_open  # the second answer charged it and closed it
+        requests = budget.statistics().requests
+        assert requests is not None
+        assert requests.remaining == 1
+        assert remaining(budget) == 5989
+    finally:
+        loop.close()

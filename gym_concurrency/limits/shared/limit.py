@@ -357,6 +357,7 @@ class SharedLimit(LimitBase):
         deadline: float | None = None,
         *,
         tokens: int | None = None,
+        in_full: bool = False,  # (its reservations are Redis's, whichever way they close)
     ) -> asyncio.Future[Admission]:
         """Join the global queue: the future ends "admitted" (the slot is held), "timeout"
         (the limit's timeout), "deadline" (`deadline` seconds from now, when sooner; at once
