@@ -357,14 +357,14 @@ class SharedLimit(LimitBase):
         deadline: float | None = None,
         *,
         tokens: int | None = None,
-        in_full: bool = False,  # (its reservations are Redis's, whichever way they close)
+        in_full: bool = False,
     ) -> asyncio.Future[Admission]:
-        """Join the global queue: the future ends "admitted" (the slot is held), "timeout"
-        (the limit's timeout), "deadline" (`deadline` seconds from now, when sooner; at once
-        if past), "shed" (the global queue was full), "unavailable" (Redis could not be
-        reached and the mode is "refuse") or "budget" (the budgets could not hold `tokens`, the
-        estimate, default the weight, in time). `flow` (None or a string, named the same in
-        every process) is served fairly across processes; FIFO within it."""
+        """Join the global queue: the future ends "admitted" (the slot is held), "timeout" (the
+        limit's timeout), "deadline" (`deadline` seconds from now, when sooner; at once if past),
+        "shed" (the global queue was full), "unavailable" (Redis could not be reached and the
+        mode is "refuse") or "budget" (the budgets could not hold `tokens`, the estimate, default
+        the weight, in time). `flow` (None or a string, named alike in every process) is served
+        fairly across processes, FIFO within it; `in_full` changes nothing here."""
         flow = self._check_ask(weight, flow)
         asked = weight if tokens is None else check_tokens(type(self).__name__, tokens)
         tokens = None  # (no budgets: an estimate is not used)
@@ -373,8 +373,7 @@ class SharedLimit(LimitBase):
             if capped:
                 self._count_capped(asked, tokens, "an estimate of tokens")
         loop = asyncio.get_running_loop() if self._state.closed else self._bind()
-        if deadline is not None:
-            deadline = check_deadline(type(self).__name__, deadline)
+        deadline = None if deadline is None else check_deadline(type(self).__name__, deadline)
         return self._state.enqueue(loop, weight, flow, self._timeout, deadline, tokens)
 
     # LimitBase's acquire(), hold() and `async with` serve this kind as they are; these two
