@@ -355,8 +355,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             return
         take_one = None if self._gate is None else self._allowance.take_one  # (a C call)
         while self._active < self._limit:
-            if take_one is not None and not take_one():
-                self._admit_fairly()  # the upstream asked: it may hold the oldest back
+            if take_one is not None and not (self._waiting and take_one()):
+                self._admit_fairly()  # nobody waits, or the upstream may hold the oldest back
                 return
             oldest = queue.pop_oldest()
             if oldest is None:  # (only waiters cancelled with their tasks were left)

@@ -169,8 +169,8 @@ class UpstreamGate:
     `retry` is the semaphore's "admit the next waiters", held weakly: the gate calls it
     when its timer fires (the budget now holds the waiter it was armed for) and after every
     scrape of the engine, and holds the semaphore only weakly (a dropped limit is collected,
-    and its engine listener removed with it). `allowed()` takes an admission of 1 charged in
-    full from the budget's allowance alone, if it holds it (budget_allowance.py)."""
+    and its engine listener removed with it). `allowance.take_one()` takes an admission of 1
+    charged in full from the budget's allowance alone, if it holds it (budget_allowance.py)."""
 
     __slots__ = (
         "__weakref__",

@@ -107,8 +107,8 @@ class WaitQueue:
         weight: int,
         flow: Hashable,
         due: float | None,
-        estimate: int = 1,
-        in_full: bool = True,
+        estimate: int,
+        in_full: bool,
     ) -> None:
         """Queue `waiter`, asking `weight` for `flow` (and `estimate` of the upstream, charged
         `in_full` or settled, if it keeps `estimates`), its timeout due at `due` (loop time)."""

@@ -257,7 +257,8 @@ def test_a_guard_that_fires_late_charges_the_ones_into_its_own_second() -> None:
         loop.close()
 
 
-def test_a_budget_read_after_its_second_charges_the_ones_late_too() -> None:
+@pytest.mark.parametrize("read", ["resize", "wait_for"])
+def test_a_budget_read_after_its_second_charges_the_ones_late_too(read: str) -> None:
     loop = ManualClockLoop()
     loop.now = 1000.2
     budget = RateBudget(tokens_per_minute=6000, clock=loop.time)
@@ -268,8 +269,11 @@ def test_a_budget_read_after_its_second_charges_the_ones_late_too() -> None:
 
     try:
         loop.run_until_complete(ones())
-        loop.now = 1002.5  # before the guard runs, the budget is asked (a resize)
-        budget.resize("tokens", 6000)
+        loop.now = 1002.5  # before the guard runs, the budget is asked
+        if read == "resize":
+            budget.resize("tokens", 6000)
+        else:  # the allowance's second has ended: it holds nothing, the window answers
+            assert budget.wait_for(1) == 0.0
         assert not budget.allowance.is_open
         loop.now = 1061.0
         assert remaining(budget) == 5995

@@ -116,6 +116,10 @@ def test_a_queue_of_cancelled_waiters_takes_nothing(loop: ManualClockLoop) -> No
         for waiter in waiters:
             sem.leave(waiter)
         assert sem.admission_cancelled == 2
+        sem.resize(2)  # nobody waits: nothing is taken
+        # Of the second's share (10), the first call went through the budget, and the one
+        # taken for the cancelled waiters is not taken again: 9 are left to take_one.
+        assert sum(budget.allowance.take_one() for _ in range(20)) == 9
 
     run(loop, main())
 
@@ -201,6 +205,7 @@ def test_a_waiter_that_settles_gets_its_reservation_in_a_queue_of_async_with(
     tokens = budget.statistics().tokens
     assert tokens is not None
     assert tokens.remaining == 6000 - 1 - 1 - 500  # the two plain calls and the settled one
+    assert tokens.reserved == 0  # the plain one handed a reservation charged it in full
 
 
 def test_a_waiter_cancelled_as_the_allowance_hands_it_a_slot_passes_the_slot_on(
