@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 
 class ManualClockLoop(asyncio.SelectorEventLoop):
@@ -14,3 +15,21 @@ class ManualClockLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self.now
+
+
+def started_at(now: float) -> Iterator[ManualClockLoop]:
+    """A fixture's body: a ManualClockLoop reading `now`, its tasks cancelled and the loop
+    closed when the test ends."""
+    loop = ManualClockLoop()
+    loop.now = now
+    yield loop
+    for task in asyncio.all_tasks(loop):
+        task.cancel()
+    loop.run_until_complete(asyncio.sleep(0))
+    loop.close()
+
+
+def spin(loop: ManualClockLoop) -> None:
+    """Run what is ready, and what that makes ready, a few turns: the clock stays."""
+    for _ in range(5):
+        loop.run_until_complete(asyncio.sleep(0))

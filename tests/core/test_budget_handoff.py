@@ -16,29 +16,18 @@ import pytest
 from gym_concurrency import MeteredSemaphore
 from gym_concurrency.limits import DeadlineExceededError
 from gym_concurrency.limits.rate_budget import BudgetStatistics, RateBudget
-from tests.core.clock import ManualClockLoop
+from tests.core.clock import ManualClockLoop, spin, started_at
 
 T = TypeVar("T")
 
 
 @pytest.fixture
 def loop() -> Iterator[ManualClockLoop]:
-    loop = ManualClockLoop()
-    loop.now = 1000.25  # early in a second: the allowance's guard fires 0.73 s from now
-    yield loop
-    for task in asyncio.all_tasks(loop):
-        task.cancel()
-    loop.run_until_complete(asyncio.sleep(0))
-    loop.close()
+    yield from started_at(1000.25)  # early in a second: the guard fires 0.73 s from now
 
 
 def run(loop: ManualClockLoop, coro: Coroutine[Any, Any, T]) -> T:
     return loop.run_until_complete(coro)
-
-
-def spin(loop: ManualClockLoop) -> None:
-    for _ in range(5):
-        loop.run_until_complete(asyncio.sleep(0))
 
 
 def requests(budget: RateBudget) -> BudgetStatistics:

@@ -18,29 +18,18 @@ from gym_concurrency import MeteredSemaphore
 from gym_concurrency.limits import Held, QueueFullError, UpstreamCapacityError
 from gym_concurrency.limits.rate_budget import BudgetStatistics, RateBudget, Reservation
 from gym_concurrency.usage import Usage
-from tests.core.clock import ManualClockLoop
+from tests.core.clock import ManualClockLoop, spin, started_at
 
 T = TypeVar("T")
 
 
 @pytest.fixture
 def loop() -> Iterator[ManualClockLoop]:
-    loop = ManualClockLoop()
-    loop.now = 1000.0
-    yield loop
-    for task in asyncio.all_tasks(loop):
-        task.cancel()
-    loop.run_until_complete(asyncio.sleep(0))
-    loop.close()
+    yield from started_at(1000.0)
 
 
 def run(loop: ManualClockLoop, coro: Coroutine[Any, Any, T]) -> T:
     return loop.run_until_complete(coro)
-
-
-def spin(loop: ManualClockLoop) -> None:
-    for _ in range(5):
-        loop.run_until_complete(asyncio.sleep(0))
 
 
 def advance(loop: ManualClockLoop, seconds: float) -> None:
