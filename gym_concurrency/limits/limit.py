@@ -13,10 +13,10 @@ met), "shed" (the queue was full; the future is then done already), "unavailable
 limit could not be reached), or, on a limit with an upstream (a rate budget, an engine signal:
 upstream.py), "budget" / "saturated" (the upstream could not take it in time). The task that
 awaited the future calls `settle(waiter)` once it resumes and keeps what it got (`settle`
-returns the BudgetReservation taken with the slots, to close from the call's usage; None for
-a waiter that said it charges `in_full`, charged already), or, if
-it gives up (its client left, its task was cancelled), `leave(waiter)`, which also passes on a
-slot handed to it in that same moment (and cancels its reservation).
+returns the BudgetReservation taken with the slots, to close from the call's usage; None for a
+waiter that said it charges `in_full`, charged already), or, if it gives up (its client left,
+its task was cancelled), `leave(waiter)`, which also passes on a slot handed to it in that same
+moment (and cancels its reservation).
 `wait_in_queue()` does both; every caller of `enqueue()` ends its wait one of these two ways.
 State is read as one frozen `statistics()` value, as anyio's CapacityLimiter answers.
 """

@@ -327,7 +327,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             self._forget(waiter)  # the capacity held for it moves on
 
     def _time_out(self, now: float) -> None:
-        """The limit's timer (queue_timer.py): the waiters whose timeout passed by `now` end."""
+        """The limit's timer (queue_timer.py): every waiter whose timeout passed by `now` ends."""
         queue = self._queue
         held_for = False
         gate = self._gate  # "budget" / "saturated" while it holds back the one chosen next
