@@ -2,7 +2,7 @@
 _engine_client.py), made as a server makes it: a `ConcurrencySettings` with one `ClientLimit`
 (given as JSON by the driver), the limits the middleware would build from it
 (`ConcurrencyLimits`), global ones connected as the middleware connects them at start, and an
-httpx client over `limited_client(...).transport()`.
+httpx client over its `transport()` or an aiohttp session with its `middleware()`.
 
 `expect` names what issue 35's wiring must have given the limit (`budget`, `engine`): a limit
 made without it ends the process with "needs issue 35's wiring: ..." rather than a run that
@@ -19,26 +19,25 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import httpx
 from gym_concurrency.middleware import ConcurrencySettings
+from gym_concurrency.middleware.clients import LimitedClient
 from gym_concurrency.middleware.limits import ConcurrencyLimits
 
 from gym_concurrency.limits import Limit
 from gym_concurrency.upstream_view import upstream_statistics
 
-__all__ = ["client_limit", "limit_figures", "released"]
+__all__ = ["client_limit", "configured_limit", "limit_figures", "released", "session_limit"]
 
 LIMIT_NAME = "upstream"  # the one client limit of a goal run's settings
 CONNECTIONS = 512  # more than any run keeps in flight a process: httpx's pool never binds
 
 
 @contextlib.asynccontextmanager
-async def client_limit(
-    settings_json: str, base_url: str, expect: list[str], warm: int = 0
-) -> AsyncIterator[tuple[httpx.AsyncClient, Limit]]:
-    """An httpx client to `base_url` whose calls go through the settings' client limit, and
-    that limit; closed (a global limit's leases given back) on exit. `warm` connections are
-    opened first (GET /stats past the limit), so that a burst does not open them all."""
+async def configured_limit(settings_json: str, expect: list[str]) -> AsyncIterator[LimitedClient]:
+    """The settings' client limit, as the middleware builds it: global ones connected, and
+    their leases (and an engine signal's poller) closed on exit."""
     settings = ConcurrencySettings.model_validate(json.loads(settings_json))
     limits = ConcurrencyLimits(settings)
     configured = limits.client(LIMIT_NAME)
@@ -51,20 +50,46 @@ async def client_limit(
     for shared in limits.shared():
         if not await shared.connect():
             raise SystemExit(f"the limit's Redis ({settings.redis_url}) cannot be reached")
-    pool = httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS)
-    raw = httpx.AsyncHTTPTransport(limits=pool)
-    await _warm(raw, base_url, min(warm, CONNECTIONS))
-    transport = configured.transport(raw)
-    client = httpx.AsyncClient(base_url=base_url, transport=transport, timeout=120)
     try:
-        yield client, configured.limit
+        yield configured
     finally:
-        await client.aclose()
         for shared in limits.shared():
             await shared.close()
         engine = getattr(configured.limit, "engine", None)
         if engine is not None and hasattr(engine, "aclose"):
             await engine.aclose()
+
+
+@contextlib.asynccontextmanager
+async def client_limit(
+    settings_json: str, base_url: str, expect: list[str], warm: int = 0
+) -> AsyncIterator[tuple[httpx.AsyncClient, Limit]]:
+    """An httpx client to `base_url` whose calls go through the settings' client limit, and
+    that limit; closed (a global limit's leases given back) on exit. `warm` connections are
+    opened first (GET /stats past the limit), so that a burst does not open them all."""
+    async with configured_limit(settings_json, expect) as configured:
+        pool = httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS)
+        raw = httpx.AsyncHTTPTransport(limits=pool)
+        await _warm(raw, base_url, min(warm, CONNECTIONS))
+        transport = configured.transport(raw)
+        async with httpx.AsyncClient(base_url=base_url, transport=transport, timeout=120) as client:
+            yield client, configured.limit
+
+
+@contextlib.asynccontextmanager
+async def session_limit(
+    settings_json: str, base_url: str, expect: list[str], warm: int = 0
+) -> AsyncIterator[tuple[aiohttp.ClientSession, Limit]]:
+    """As `client_limit`, an aiohttp session (the settings' client limit as its middleware)."""
+    async with configured_limit(settings_json, expect) as configured:
+        connector = aiohttp.TCPConnector(limit=CONNECTIONS)
+        timeout = aiohttp.ClientTimeout(total=120)
+        middlewares = (configured.middleware(),)
+        async with aiohttp.ClientSession(
+            base_url, connector=connector, middlewares=middlewares, timeout=timeout
+        ) as session:
+            await _warm_session(session, min(warm, CONNECTIONS))
+            yield session, configured.limit
 
 
 async def _warm(transport: httpx.AsyncHTTPTransport, base_url: str, connections: int) -> None:
@@ -75,6 +100,17 @@ async def _warm(transport: httpx.AsyncHTTPTransport, base_url: str, connections:
         response = await transport.handle_async_request(httpx.Request("GET", base_url + "/stats"))
         await response.aread()
         await response.aclose()
+
+    await asyncio.gather(*(one() for _ in range(connections)))
+
+
+async def _warm_session(session: aiohttp.ClientSession, connections: int) -> None:
+    """As `_warm`, through `session` past its middlewares (the limit)."""
+    import asyncio
+
+    async def one() -> None:
+        async with session.get("/stats", middlewares=()) as response:
+            await response.read()
 
     await asyncio.gather(*(one() for _ in range(connections)))
 

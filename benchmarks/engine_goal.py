@@ -8,7 +8,8 @@ at least 1,000 / 64 x 0.2 = 3.1 s; `--service-spread S` draws each run's time fr
 U(1 - S, 1 + S) x the service time, so that runs end apart as with real output lengths), on
 CPU 0. Each of `--processes` client processes (benchmarks/_engine_client.py, CPU 1) sends its
 1/processes of `--requests` at once, at a common moment, through one configured client limit
-(`ClientLimit`, httpx transport):
+(`ClientLimit`: its aiohttp middleware, or with `--clients httpx` its httpx transport; given
+both, each configuration runs with each, a row `config/client` each):
 
     fixed     max_concurrent = batch / processes (16): the batch exactly, known in advance
     fixed-global  one global limit of batch + --engine-global-waiting-max (70) for all the
@@ -38,15 +39,17 @@ started the moment a slot frees, no hand-off time; 1,000 runs of 1 s on 64 slots
 alone, 0.977; with a spread of 0.5, 0.948), the duration (first call sent to last answered),
 the client processes' CPU a call during the burst (they share one core) and the share of the
 burst that core was busy (near 1, a freed batch slot waits for the clients' CPU to be refilled: the
-limit's own cost, and httpx's connection pool's, which grows with the connections a
-process keeps), p50 / p95 latency.
+limit's own cost, and the HTTP client's: httpx's connection pool costs CPU that grows with the
+calls in flight times the connections a process keeps, encode/httpx#3215; about 1.5 ms a call
+at 16 in flight, 14 ms at 64, where aiohttp's stays near 0.35 ms), p50 / p95 latency.
 The clients' CPU is part of a burst: each waits up to --wait-quiet s for a nearly idle machine
 (`overload.wait_until_quiet`; the cores busy then are in the JSON).
 `engine` needs issue 35's wiring: without it the run stops before anything starts, saying
 what is missing.
 
     .venvs/3.11/bin/python -m benchmarks.engine_goal [--configs fixed,aimd,gradient,engine]
-        [--rounds 3] [--requests 1000] [--label NAME] [--source TREE] [--quick]
+        [--rounds 3] [--requests 1000] [--clients aiohttp,httpx] [--label NAME] [--source TREE]
+        [--quick]
 
 `--source TREE` measures another checkout's library (a merge of issue 35's branches, say)
 without installing it (benchmarks/_source.py); the clients check that nothing else loaded.
@@ -73,7 +76,6 @@ from benchmarks._fake_engine import ceiling
 from benchmarks._goal_parts import (
     STARTUP_S,
     FakeUpstream,
-    by_config,
     chosen_configs,
     clients_figures,
     missing_wiring,
@@ -88,6 +90,7 @@ from benchmarks._shared_cost_redis import LocalRedis
 from benchmarks._source import PROJECT_ROOT, use_source_tree
 from benchmarks.overload import load_average, wait_until_quiet
 
+CLIENTS = ("aiohttp", "httpx")  # the HTTP client a process calls through
 CONFIGS = (
     "fixed",
     "fixed-global",
@@ -116,6 +119,7 @@ SETTINGS = (  # the options the JSON records
     "redis_cpu",
     "scrape_ms",
     "warm",
+    "clients",
 )
 
 
@@ -180,7 +184,7 @@ class Scraper:
         self.thread.join(10)
 
 
-def cell(args: argparse.Namespace, config: str) -> dict[str, Any]:
+def cell(args: argparse.Namespace, config: str, client: str) -> dict[str, Any]:
     served = ["--batch", str(args.batch), "--service-ms", str(args.service_ms)]
     served += ["--service-spread", str(args.service_spread)]
     engine = FakeUpstream(args.python, "benchmarks._fake_engine", served)
@@ -193,7 +197,7 @@ def cell(args: argparse.Namespace, config: str) -> dict[str, Any]:
         settings = json.dumps(settings_for(config, args, engine.url, redis_url))
         share, extra = divmod(args.requests, args.processes)
         common = ["--url", engine.url, "--settings", settings]
-        common += ["--timeout", str(args.timeout), "--warm", str(args.warm)]
+        common += ["--timeout", str(args.timeout), "--warm", str(args.warm), "--client", client]
         expect = "engine" if config.startswith("engine") else ""
         common += ["--source", args.source, "--expect", expect]
         argv = [[*common, "--requests", str(share + (i < extra))] for i in range(args.processes)]
@@ -202,7 +206,7 @@ def cell(args: argparse.Namespace, config: str) -> dict[str, Any]:
         scraper = Scraper(engine.url, args.scrape_ms / 1e3)
         clients = run_clients(processes, STARTUP_S + args.timeout + 60)
         scraper.stop()
-        return measure(config, clients, engine.stats())
+        return {**measure(config, clients, engine.stats()), "client": client}
     finally:
         if scraper is not None:
             scraper.stop()
@@ -239,10 +243,12 @@ def measure(config: str, clients: list[dict[str, Any]], stats: dict[str, Any]) -
 
 
 def summarize(cells: list[dict[str, Any]], most: float) -> dict[str, Any]:
-    """Per configuration, medians over its rounds; `of_ceiling`: its utilisation / `most`
-    (the burst's ceiling, `_fake_engine.ceiling`)."""
+    """Per row (a configuration, or `config/client` given more than one client), medians over
+    its rounds; `of_ceiling`: its utilisation / `most` (the burst's ceiling,
+    `_fake_engine.ceiling`)."""
     out: dict[str, Any] = {}
-    for name, mine in by_config(cells, CONFIGS):
+    for name in dict.fromkeys(c["row"] for c in cells):  # (in the order first run)
+        mine = [c for c in cells if c["row"] == name]
         at_scrape = [c["max_waiting_at_scrape"] for c in mine]
         utilisation = statistics.median(c["utilisation"] for c in mine)
         out[name] = {
@@ -267,9 +273,8 @@ def summarize(cells: list[dict[str, Any]], most: float) -> dict[str, Any]:
 
 def verdicts(summary: dict[str, Any]) -> dict[str, bool]:
     out: dict[str, bool] = {}
-    for name in (config for config in CONFIGS if config.startswith("engine")):
-        row = summary.get(name)
-        if not row:
+    for name, row in summary.items():
+        if not name.startswith("engine"):
             continue
         waiting = row["max_waiting_at_scrape"]
         goal = GOALS["engine_batch_utilisation"]
@@ -299,6 +304,12 @@ def table(summary: dict[str, Any], most: float) -> str:
     return "\n".join(lines)
 
 
+def row_name(config: str, client: str, clients: list[str]) -> str:
+    """A summary row's name: the configuration, `config/client` when the run has more than
+    one client."""
+    return config if len(clients) == 1 else f"{config}/{client}"
+
+
 def parse() -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -321,6 +332,7 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--scrape-ms", type=float, default=50.0, help="this run's own scrapes")
     parser.add_argument("--timeout", type=float, default=120.0, help="s, a burst at most")
     parser.add_argument("--warm", type=int, default=0, help="connections a process opens first")
+    parser.add_argument("--clients", default="aiohttp", help="aiohttp, httpx or both")
     parser.add_argument("--wait-quiet", type=float, default=20.0, help="s, before each burst")
     parser.add_argument("--label", default="run")
     parser.add_argument("--source", default=str(PROJECT_ROOT), help="the tree to measure")
@@ -333,6 +345,8 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
     if args.engine_waiting_max is None:
         args.engine_waiting_max = max(1, 6 // args.processes)
     configs = chosen_configs(parser, args.configs, CONFIGS)
+    if not args.clients or any(c not in CLIENTS for c in args.clients.split(",")):
+        parser.error(f"--clients: comma-separated, of {', '.join(CLIENTS)} (not {args.clients})")
     if not 1 <= args.rounds <= 20 or not 1 <= args.requests <= 20_000:
         parser.error("--rounds must be in [1, 20] and --requests in [1, 20000]")
     if not 1 <= args.processes <= 16 or not 1 <= args.batch <= 4096:
@@ -351,11 +365,13 @@ def main() -> None:
     if engines and (missing := missing_wiring(("engine",))):
         sys.exit(wiring_error("engine", missing))
     start = RunStart()
+    clients = args.clients.split(",")
+    rows = {row_name(c, h, clients): (c, h) for c in configs for h in clients}
     cells: list[dict[str, Any]] = []
-    for index, name in rounds(configs, args.rounds):
+    for index, name in rounds(list(rows), args.rounds):
         busy = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
-        one = cell(args, name)
-        one.update(round=index, load=load_average(), busy_cores_before=busy)
+        one = cell(args, *rows[name])
+        one.update(row=name, round=index, load=load_average(), busy_cores_before=busy)
         cells.append(one)
         print(
             f"round {index + 1} {name:13s} waiting at a scrape <= "

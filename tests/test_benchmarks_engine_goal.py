@@ -1,9 +1,9 @@
 """benchmarks/engine_goal.py in a tiny run, as a smoke test: the fake engine, two client
-processes released together into one burst, today's fixed, AIMD and gradient client limits,
-each to its row of the summary. The goal itself (<= 6 waiting at every scrape, >= 0.95 batch
-utilisation) is not asserted: utilisation needs a quiet machine. What holds on any machine:
-every request of the burst completed, the fixed limit of batch / processes a process never made
-a request wait at the engine, and utilisation is a fraction.
+processes released together into one burst (over aiohttp, or httpx given), today's fixed, AIMD
+and gradient client limits, each to its row of the summary. The goal itself (<= 6 waiting at
+every scrape, >= 0.95 batch utilisation) is not asserted: utilisation needs a quiet machine.
+What holds on any machine: every request of the burst completed, the fixed limit of batch /
+processes a process never made a request wait at the engine, and utilisation is a fraction.
 
 The engine configuration, before issue 35's wiring is in the tree, stops at once naming what is
 missing; once it is, it runs."""
@@ -101,3 +101,21 @@ def test_a_spread_of_run_times_reaches_the_engine_and_a_bad_one_is_refused(tmp_p
     refused = run(tmp_path, "fixed", "--service-spread", "1")
     assert refused.returncode != 0
     assert "--service-spread must be in [0, 1)" in refused.stderr
+
+
+def test_each_configuration_runs_with_each_client_given_a_row_each(tmp_path: Path) -> None:
+    """`--clients aiohttp,httpx`: every configuration over both HTTP clients, each its row."""
+    done = run(tmp_path, "fixed", "--clients", "aiohttp,httpx")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "engine-goal.json").read_text())
+    assert list(result["summary"]) == ["fixed/aiohttp", "fixed/httpx"]
+    assert {(c["config"], c["client"]) for c in result["cells"]} == {
+        ("fixed", "aiohttp"),
+        ("fixed", "httpx"),
+    }
+    for cell in result["cells"]:
+        assert cell["completed"] == cell["served"] == 100, cell["client"]
+        assert cell["max_waiting"] == 0, cell["client"]  # 8 a process over either client
+    refused = run(tmp_path, "fixed", "--clients", "aiohttp,curl")
+    assert refused.returncode != 0
+    assert "--clients: comma-separated, of aiohttp, httpx" in refused.stderr
