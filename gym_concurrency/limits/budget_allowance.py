@@ -23,7 +23,8 @@ Two ways to take, both O(1), no loop:
   loop running: no guard, no `take_one`. A `take` or an overrun (both within the second) count
   what `take_one` took as theirs and end it for the rest of the allowance. A limit hands freed
   slots to waiters charged in full by `take_one` as well, and gives back (`untake_one`) one it
-  took for a waiter that turned out to be gone.
+  took for a waiter that turned out to be gone, or (`give_back_one`) one whose task was
+  cancelled before it resumed, while the allowance it came from is still open.
 
 `holds(tokens)` answers whether `take` would take them, taking nothing: a budget asked how long
 a call waits answers 0 from it, and leaves it open.
@@ -64,6 +65,7 @@ class BudgetAllowance:
         "_requests",
         "_tokens",
         "_until",
+        "generation",
         "take_one",
         "taken_requests",
         "taken_tokens",
@@ -80,6 +82,7 @@ class BudgetAllowance:
         self._requests = 0
         self.taken_tokens = 0  # what `take` took since `open`: the budget's to charge
         self.taken_requests = 0
+        self.generation = 0  # one more at each `close`: what was taken before is charged
         # `take_one()`: `take(1)` while a guard is armed, without reading the clock (see the
         # module): next() of `_ones`, an iterator of `_ones_given` True, or `no_allowance`. A
         # C call, no Python frame: it is most of what an uncontended `async with` adds.
@@ -133,9 +136,21 @@ class BudgetAllowance:
         if self.ones > 0:
             self._ones_given -= 1
 
+    def give_back_one(self, generation: int) -> None:
+        """Give back a call `take_one` took in `generation` for a waiter that never used it,
+        unless closed since (the budget has charged it then: counted, never less)."""
+        if generation != self.generation:
+            return
+        if self.ones > 0:
+            self._ones_given -= 1
+        elif self.taken_requests > 0:  # counted as `take`'s since (an overrun, a `take`)
+            self.taken_tokens -= 1
+            self.taken_requests -= 1
+
     def close(self) -> None:
         """Allow nothing more and forget what was taken (the budget has charged it). An armed
         guard stays: an allowance opened again in the same second is guarded by it."""
+        self.generation += 1
         self._until = -math.inf
         self._tokens = self._requests = 0
         self.taken_tokens = self.taken_requests = 0
@@ -216,8 +231,12 @@ class NoAllowance:
 
     __slots__ = ()
     take_one = staticmethod(no_allowance)
+    generation = 0
 
     def untake_one(self) -> None:
+        """Nothing was taken."""
+
+    def give_back_one(self, generation: int) -> None:
         """Nothing was taken."""
 
 

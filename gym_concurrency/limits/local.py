@@ -42,8 +42,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     it is admitted at most that long after the budget alone would take it (`spare_for`).
 
     An asyncio.BoundedSemaphore by type and behaviour, not state: asyncio's `_value` and
-    `_waiters` are never made; of its methods only `_get_loop` (unused) and `_wake_up_next`
-    (called only by the acquire() and release() replaced here) are left (test_contract.py)."""
+    `_waiters` are never made; `_get_loop` and `_wake_up_next` go unused (test_contract.py)."""
 
     _label = "limit"
 
@@ -79,9 +78,9 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
         # Weight held by each flow while it holds some, but None's (the rest of `_active`).
         self._held: dict[Hashable, int] = {}
         self._held_by_flows = 0  # the sum of `_held`
-        # Waiters handed weight (None: 1 of the default flow) whose tasks have not resumed yet
-        # (`settle()` or `leave()`): no acquire takes weight at once till then, as asyncio's.
-        self._handed: dict[Waiter, Ask | None] = {}
+        # Waiters handed weight (None, or the allowance's generation: 1 of the default flow) whose
+        # tasks have not resumed yet (`settle()`, `leave()`): no acquire takes weight till then.
+        self._handed: dict[Waiter, Ask | int | None] = {}
         self._caps = CappedHolds()  # holders admitted at a shrunk limit's size, below their ask
         self._backfilled = 0
         self._gate = UpstreamGate.of(self._upstream, self._admit_waiters)
@@ -287,9 +286,8 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
     def settle(self, waiter: Waiter) -> Reservation | None:
         """The task awaiting `waiter` resumed (called in it): what it was handed is its own, its
         reservation returned (None: none); waiters behind it get what is free, as asyncio's."""
-        handed = self._handed
-        if handed:
-            handed.pop(waiter, None)
+        if self._handed:
+            self._handed.pop(waiter, None)
             if self._waiting:
                 self._admit_waiters()
         return None if self._gate is None else self._gate.claim(waiter)
@@ -328,8 +326,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
 
     def _time_out(self, now: float) -> None:
         """The limit's timer (queue_timer.py): every waiter whose timeout passed by `now` ends."""
-        queue = self._queue
-        held_for = False
+        queue, held_for = self._queue, False
         gate = self._gate  # "budget" / "saturated" while it holds back the one chosen next
         refusal = "timeout" if gate is None else gate.late(queue, self._active, self._limit)
         for waiter in queue.due(now):
@@ -339,10 +336,12 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             self._admit_waiters()  # the capacity held for the one that timed out moves on
 
     def _give_back(self, waiter: Waiter) -> None:
-        weight, flow = self._handed.pop(waiter, None) or (1, None)
-        if self._gate is not None:
-            self._gate.cancel(waiter)  # its call is never sent
-        self.release(weight, flow)
+        handed = self._handed.pop(waiter, None)
+        if self._gate is not None:  # its call is never sent: what was taken for it goes back
+            self._gate.cancel(waiter)
+            if isinstance(handed, int):  # (`take_one` let it go, in that generation)
+                self._allowance.give_back_one(handed)
+        self.release(*(handed if isinstance(handed, tuple) else (1, None)))
 
     # --- admission -------------------------------------------------------------------
 
@@ -354,6 +353,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
             self._admit_fairly()  # (an upstream holds the oldest back)
             return
         take_one = None if self._gate is None else self._allowance.take_one  # (a C call)
+        taken_in = None if take_one is None else self._allowance.generation  # (for _give_back)
         while self._active < self._limit:
             if take_one is not None and not (self._waiting and take_one()):
                 self._admit_fairly()  # nobody waits, or the upstream may hold the oldest back
@@ -368,7 +368,7 @@ class MeteredSemaphore(LimitBase, asyncio.BoundedSemaphore):
                 self._end_late(waiter, "deadline")
                 continue
             self._active += 1
-            self._handed[waiter] = None
+            self._handed[waiter] = taken_in
             waiter.set_result("admitted")
 
     def _admit_fairly(self) -> None:

@@ -2,13 +2,14 @@
 of the default flow, an estimate of 1) hands freed slots to the oldest waiter through the
 budget's allowance (`take_one`), without a reservation; where the allowance cannot, through
 the budget itself (`_admit_fairly`). A waiter refused on the way (its deadline passed while
-the loop ran late) or a queue of cancelled waiters gives back what the allowance let go."""
+the loop ran late), a queue of cancelled waiters, or a waiter whose task is cancelled before
+it resumes gives back what the allowance let go, while that allowance is open."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
@@ -197,10 +198,12 @@ def test_a_waiter_that_settles_gets_its_reservation_in_a_queue_of_async_with(
     assert tokens.reserved == 0  # the plain one handed a reservation charged it in full
 
 
-def test_a_waiter_cancelled_as_the_allowance_hands_it_a_slot_passes_the_slot_on(
-    loop: ManualClockLoop,
+def cancelled_as_handed(
+    loop: ManualClockLoop, budget: RateBudget, between: Callable[[], object]
 ) -> None:
-    budget = RateBudget(tokens_per_minute=6000, requests_per_minute=600, clock=loop.time)
+    """On one slot: `first` and `second` queue behind a holder; the holder's release hands the
+    slot to `first` through the allowance, `between()` runs, and `first`'s task is cancelled
+    before it resumes. The slot passes on to `second`."""
     sem = MeteredSemaphore(1, budget=budget)
     admitted: list[int] = []
 
@@ -213,7 +216,10 @@ def test_a_waiter_cancelled_as_the_allowance_hands_it_a_slot_passes_the_slot_on(
         await sem.acquire()
         first, second = (asyncio.ensure_future(call(i)) for i in (1, 2))
         await asyncio.sleep(0)
+        ones = budget.allowance.ones
         sem.release()  # handed to `first`, whose task is cancelled before it resumes
+        assert budget.allowance.ones == ones + 1
+        between()
         first.cancel()
         await asyncio.gather(first, second, return_exceptions=True)
         assert first.cancelled()
@@ -223,6 +229,56 @@ def test_a_waiter_cancelled_as_the_allowance_hands_it_a_slot_passes_the_slot_on(
     run(loop, main())
     loop.now += 0.75
     spin(loop)
-    # Charged: the holder, `first` (a call that cannot settle is charged in full, and the
-    # allowance cannot take one back once its second may be charged) and `second`.
-    assert requests(budget).remaining == 597
+
+
+def test_a_waiter_cancelled_as_the_allowance_hands_it_a_slot_gives_its_call_back(
+    loop: ManualClockLoop,
+) -> None:
+    budget = RateBudget(tokens_per_minute=6000, requests_per_minute=600, clock=loop.time)
+    cancelled_as_handed(loop, budget, lambda: None)
+    # Charged: the holder and `second`; `first`'s call, never sent, went back to the allowance.
+    assert requests(budget).remaining == 598
+    tokens = budget.statistics().tokens
+    assert tokens is not None
+    assert tokens.remaining == 6000 - 2
+
+
+def test_a_call_handed_out_is_not_given_back_once_its_allowance_is_charged(
+    loop: ManualClockLoop,
+) -> None:
+    """Closed between the hand-off and the cancellation (a resize charges the allowance) and
+    opened again (a charge), one taken from the new one: `first`'s call stays charged, and
+    what the new allowance let go stays counted: never less."""
+    budget = RateBudget(tokens_per_minute=6000, requests_per_minute=600, clock=loop.time)
+    generation = budget.allowance.generation
+
+    def close_and_take_from_the_next() -> None:
+        budget.resize("requests", 600)
+        assert budget.take(1) == 0.0
+        assert budget.allowance.take_one()
+
+    cancelled_as_handed(loop, budget, close_and_take_from_the_next)
+    assert budget.allowance.generation > generation
+    # The holder, `first`, the two calls taken in between and `second`.
+    assert requests(budget).remaining == 595
+
+
+def test_a_call_handed_out_goes_back_after_a_take_counted_it_as_its_own(
+    loop: ManualClockLoop,
+) -> None:
+    """A `take` of another size between the hand-off and the cancellation counts what
+    `take_one` let go as its own (the allowance still open): `first`'s call goes back from
+    there."""
+    budget = RateBudget(tokens_per_minute=6000, requests_per_minute=600, clock=loop.time)
+    generation = budget.allowance.generation
+
+    def take_five() -> None:
+        assert budget.take(5) == 0.0
+        assert budget.allowance.ones == 0  # counted as `take`'s
+
+    cancelled_as_handed(loop, budget, take_five)
+    assert budget.allowance.generation > generation  # (charged when the second ended)
+    assert requests(budget).remaining == 600 - 3  # the holder, the take and `second`
+    tokens = budget.statistics().tokens
+    assert tokens is not None
+    assert tokens.remaining == 6000 - 1 - 5 - 1

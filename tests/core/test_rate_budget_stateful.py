@@ -1,7 +1,8 @@
 """A hypothesis state machine over RateBudget on a clock the test moves by hand: reservations
 (with and without an input / output split), settlement with any usage (less, more, absurd),
 charging in full, cancelling, calls charged in full at once (`take`, several in a row: a
-sliding budget's allowance takes them, budget_allowance.py), provider reports (fresh, stale,
+sliding budget's allowance takes them, budget_allowance.py; `take_one`, and one of those given
+back as a limit gives back a cancelled waiter's), provider reports (fresh, stale,
 tighter and looser than the budget) and time passing by any amount, slot boundaries included.
 
 Both shapes run. Checked after every step, against a record of every charge kept here:
@@ -138,6 +139,8 @@ class RateBudgetMachine(RuleBasedStateMachine):
         self.step = 0
         self.loop = MachineLoop(lambda: self.now)
         self.ones: list[dict[str, Charge]] = []  # what the open allowance's take_one took
+        # Every take_one's charges, with the allowance's generation then: `give_back`'s.
+        self.handed_out: list[tuple[int, dict[str, Charge]]] = []
 
     def teardown(self) -> None:
         if hasattr(self, "loop"):
@@ -230,16 +233,19 @@ class RateBudgetMachine(RuleBasedStateMachine):
             self.move_to(refused_at + wait)
             assert attempt() == 0.0, f"the wait of {wait} s was not enough"
 
-    @rule(times=st.integers(1, 8))
-    def take_ones(self, times: int) -> None:
+    @rule(times=st.integers(1, 8), cancelled=st.integers(0, 2))
+    def take_ones(self, times: int, cancelled: int) -> None:
         """`times` uncontended `async with`s of a limit with this budget, on a running loop:
-        `take_one` (no clock: a guard ends the allowance), else `take(1)`."""
+        `take_one` (no clock: a guard ends the allowance), else `take(1)`; then the last
+        `cancelled` of those `take_one` let go are given back (`give_back`)."""
 
         async def ones() -> None:
             for _ in range(times):
                 self.one()
 
         self.loop.run_until_complete(ones())
+        for _ in range(min(cancelled, len(self.handed_out))):
+            self.give_back_at(len(self.handed_out) - 1)
 
     @rule(seconds=st.sampled_from([0.5, 1.0, 3.0, 61.0]), ones_first=st.integers(0, 3))
     def loop_runs_late(self, seconds: float, ones_first: int) -> None:
@@ -262,12 +268,30 @@ class RateBudgetMachine(RuleBasedStateMachine):
                 self.ones.clear()
             self.opened_now(None, asks)
             self.ones.append({name: c[-1] for name, c in self.model.charges.items()})
+            # The last few: mostly of the open allowance, one of an older one now and then.
+            self.handed_out = [*self.handed_out[-3:], (allowance.generation, self.ones[-1])]
             return
         self.charged_late()  # a `take` past the allowance's second charges it first
         if self.budget.take(1) == 0.0:
             self.opened_now(None, asks)
         else:
             assert self.remaining() == before, (before, self.remaining())
+
+    @precondition(lambda self: bool(self.handed_out))
+    @rule(data=st.data())
+    def give_back(self, data: st.DataObject) -> None:
+        """A waiter a limit handed a slot with `take_one` is cancelled before it resumes: its
+        call, never sent, goes back while that allowance is open (else it stays charged)."""
+        self.give_back_at(data.draw(st.integers(0, len(self.handed_out) - 1)))
+
+    def give_back_at(self, index: int) -> None:
+        generation, charges = self.handed_out.pop(index)
+        allowance = self.budget.allowance
+        if generation == allowance.generation:  # not charged to the meters yet
+            for charge in charges.values():
+                charge.amount = 0
+            self.ones = [one for one in self.ones if one is not charges]
+        allowance.give_back_one(generation)
 
     def charged_late(self) -> None:
         """The open allowance's ones, if the budget will charge them late (any call now
