@@ -46,10 +46,7 @@ async def chat_completion(client: httpx.AsyncClient, body: bytes, failed: Counte
     except Exception as error:
         failed[type(error).__name__] += 1
         return False
-    if response.status_code != 200:
-        failed[str(response.status_code)] += 1
-        return False
-    return True
+    return _answered(response.status_code, failed)
 
 
 async def chat_completion_aiohttp(
@@ -62,10 +59,14 @@ async def chat_completion_aiohttp(
     except Exception as error:
         failed[type(error).__name__] += 1
         return False
-    if response.status != 200:
-        failed[str(response.status)] += 1
-        return False
-    return True
+    return _answered(response.status, failed)
+
+
+def _answered(status: int, failed: Counter[str]) -> bool:
+    """True for 200; else counted in `failed` by status."""
+    if status != 200:
+        failed[str(status)] += 1
+    return status == 200
 
 
 def run_client(
