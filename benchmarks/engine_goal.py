@@ -345,8 +345,9 @@ def parse() -> tuple[argparse.Namespace, list[str]]:
     if args.engine_waiting_max is None:
         args.engine_waiting_max = max(1, 6 // args.processes)
     configs = chosen_configs(parser, args.configs, CONFIGS)
-    if not args.clients or any(c not in CLIENTS for c in args.clients.split(",")):
-        parser.error(f"--clients: comma-separated, of {', '.join(CLIENTS)} (not {args.clients})")
+    clients = args.clients.split(",")
+    if len(set(clients)) < len(clients) or not set(clients) <= set(CLIENTS):
+        parser.error(f"--clients: comma-separated, each once, of {', '.join(CLIENTS)}")
     if not 1 <= args.rounds <= 20 or not 1 <= args.requests <= 20_000:
         parser.error("--rounds must be in [1, 20] and --requests in [1, 20000]")
     if not 1 <= args.processes <= 16 or not 1 <= args.batch <= 4096:
@@ -374,7 +375,7 @@ def main() -> None:
         one.update(row=name, round=index, load=load_average(), busy_cores_before=busy)
         cells.append(one)
         print(
-            f"round {index + 1} {name:13s} waiting at a scrape <= "
+            f"round {index + 1} {name:27s} waiting at a scrape <= "
             f"{one['max_waiting_at_scrape']} (any moment {one['max_waiting']})  "
             f"utilisation {one['utilisation']:.3f}  burst {one['duration_s']:.2f} s  "
             f"p95 {one['p95_s']:.2f} s  failed {one['failed']}  late {one['late_s']:.2f} s",

@@ -116,6 +116,7 @@ def test_each_configuration_runs_with_each_client_given_a_row_each(tmp_path: Pat
     for cell in result["cells"]:
         assert cell["completed"] == cell["served"] == 100, cell["client"]
         assert cell["max_waiting"] == 0, cell["client"]  # 8 a process over either client
-    refused = run(tmp_path, "fixed", "--clients", "aiohttp,curl")
-    assert refused.returncode != 0
-    assert "--clients: comma-separated, of aiohttp, httpx" in refused.stderr
+    for bad in ("aiohttp,curl", "aiohttp,aiohttp", ""):
+        refused = run(tmp_path, "fixed", "--clients", bad)
+        assert refused.returncode != 0
+        assert "--clients: comma-separated, each once, of aiohttp, httpx" in refused.stderr

@@ -237,7 +237,7 @@ class RateBudgetMachine(RuleBasedStateMachine):
     def take_ones(self, times: int, cancelled: int) -> None:
         """`times` uncontended `async with`s of a limit with this budget, on a running loop:
         `take_one` (no clock: a guard ends the allowance), else `take(1)`; then the last
-        `cancelled` of those `take_one` let go are given back (`give_back`)."""
+        `cancelled` calls `take_one` let go (these or earlier ones) are given back."""
 
         async def ones() -> None:
             for _ in range(times):
