@@ -37,6 +37,8 @@ from .poller import EnginePoller, Listener, PollerConfig, Reading, follow, unfol
 
 __all__ = ["EngineSignal", "EngineStatistics"]
 
+_MOST_OVER = 2**31  # the most `room()` says a queue is over: a number Redis and ceil() take
+
 
 @dataclass(frozen=True, slots=True)
 class EngineStatistics:
@@ -137,7 +139,8 @@ class EngineSignal:
         free = 0.0
         if self._batch_size is not None and waiting == 0:  # (none while requests wait)
             free = max(0.0, self._batch_size - (load.running or 0.0))
-        return math.ceil(free + self._waiting_max - waiting)
+        # +Inf waiting (or a sum of queues that overflowed) is as over as can be: a finite count.
+        return math.ceil(max(free + self._waiting_max - waiting, -_MOST_OVER))
 
     @property
     def in_flight_cap(self) -> int | None:

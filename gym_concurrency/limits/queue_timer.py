@@ -3,7 +3,8 @@ due times are in queue order: one timer, armed for the oldest waiter, serves the
 
 When it fires it hands the owner the moment to judge by (`expire(now)`: the loop's time plus
 the clock's resolution, as the loop itself decides a timer is due), and arms itself again for
-the oldest waiter left (`next_due()`). It owns only its handle; the limit ends the waits.
+the oldest waiter left (`next_due()`); if expiring raised, no sooner than `_RETRY_SECONDS`
+from then. It owns only its handle; the limit ends the waits.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 __all__ = ["QueueTimer"]
 
 _CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
+_RETRY_SECONDS = 0.1  # after expiring raised, the soonest it fires again
 
 
 class QueueTimer:
@@ -37,9 +39,13 @@ class QueueTimer:
     def _fire(self) -> None:
         self._handle = None
         loop = asyncio.get_running_loop()
+        now, failed = loop.time(), True
         try:
-            self._expire(loop.time() + _CLOCK_RESOLUTION)
+            self._expire(now + _CLOCK_RESOLUTION)
+            failed = False
         finally:  # armed again even if expiring raised: the waiters left must still time out
             due = self._next_due()
             if due is not None and self._handle is None:
+                # After a failure, not at once: a fault that lasts must not spin the loop.
+                due = max(due, now + _RETRY_SECONDS) if failed else due
                 self._handle = loop.call_at(due, self._fire)

@@ -87,3 +87,28 @@ def test_a_limit_times_out_each_waiter_at_its_own_time(loop: ManualClockLoop) ->
     advance(loop, 4.0)
     assert isinstance(second.exception(), TimeoutError)
     assert (sem.admission_timeouts, sem.queue_depth, sem.active) == (2, 0, 1)
+
+
+def test_a_fault_that_lasts_fires_it_again_no_sooner_than_a_tenth_of_a_second(
+    loop: ManualClockLoop,
+) -> None:
+    """A waiter long overdue whose end keeps raising: the timer is armed again after each
+    failure, but 0.1 s on, not at once (which would spin the loop on tracebacks)."""
+    fired: list[float] = []
+
+    def expire(now: float) -> None:
+        fired.append(now)
+        raise RuntimeError("ending a wait failed")
+
+    timer = QueueTimer(expire, lambda: 0.5)  # never ends: due long ago
+    errors: list[object] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context["exception"]))
+    timer.arm(loop, 0.5)
+    loop.now = 1.0
+    for _ in range(50):
+        loop.run_until_complete(asyncio.sleep(0))
+    assert len(fired) == 1  # not again within the same moment
+    advance(loop, 0.1)
+    assert len(fired) == 2
+    assert fired[1] - fired[0] >= 0.1
+    assert len(errors) == 2

@@ -9,7 +9,9 @@ import logging
 
 import pytest
 
+from gym_concurrency import MeteredSemaphore
 from gym_concurrency.engines import EngineMetrics, EngineSignal, Gauge
+from gym_concurrency.engines.gauges import EngineLoad
 from tests.engines.bodies import Bodies, engine_url, vllm
 from tests.servers import eventually
 
@@ -116,6 +118,35 @@ async def test_with_a_batch_size_the_callers_calls_in_flight_never_pass_batch_an
     signal = await following(Bodies(vllm(0, running=0)), batch_size=64, interval_seconds=30)
     assert signal.admits(now(), in_flight=64 + 3)
     assert not signal.admits(now(), in_flight=64 + 4)
+    await signal.aclose()
+
+
+_WAITING = 'vllm:num_requests_waiting{engine="%s",model_name="m"} %s\n'
+
+
+@pytest.mark.parametrize(
+    "body",
+    [_WAITING % ("0", "+Inf"), _WAITING % ("0", "1e308") + _WAITING % ("1", "1e308")],
+    ids=["+Inf", "a sum past the largest float"],
+)
+async def test_an_endless_queue_admits_nothing_and_raises_nothing(body: str) -> None:
+    """+Inf waiting counts as a full engine: no room, a finite count (not an OverflowError out
+    of an admission or of a release that hands the slot on)."""
+    bodies = Bodies(vllm(0))
+    signal = await following(bodies, interval_seconds=0.02)
+    sem = MeteredSemaphore(8, engine=signal, timeout=0.2)
+    await sem.acquire()  # admitted while the engine had room
+    bodies.body = body
+    scrapes = signal.statistics().scrapes
+    await eventually(lambda: signal.statistics().scrapes > scrapes + 1, "the endless queue read")
+    assert signal.room(EngineLoad(float("inf"), None, None)) < 0
+    assert not signal.admits(now(), in_flight=0)
+    waiter = asyncio.ensure_future(sem.acquire())
+    await asyncio.sleep(0.05)
+    sem.release()  # with a waiter queued: its admission asks the signal, which must not raise
+    with pytest.raises(TimeoutError):
+        await waiter
+    assert (sem.active, sem.admission_timeouts) == (0, 1)
     await signal.aclose()
 
 

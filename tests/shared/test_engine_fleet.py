@@ -15,6 +15,7 @@ from gym_concurrency import SharedLimit
 from gym_concurrency.engines import EngineSignal
 from gym_concurrency.engines.gauges import EngineLoad
 from gym_concurrency.upstream_view import upstream_statistics
+from tests.engines.bodies import Bodies, engine_url, vllm
 from tests.engines.engine_process import EngineProcess, fake_engine
 from tests.servers import eventually, free_port
 from tests.shared.helpers import Limits
@@ -171,6 +172,27 @@ def test_the_room_is_negative_for_a_queue_over_waiting_max_and_none_at_a_full_ca
     assert signal.room(EngineLoad(waiting=0.0, cache_usage=0.5, running=5.0)) == 3 + 2
     assert signal.room(EngineLoad(waiting=5.0, cache_usage=0.5, running=8.0)) == -3
     assert signal.room(EngineLoad(waiting=0.0, cache_usage=0.95, running=1.0)) is None
+
+
+async def test_an_endless_queue_sizes_the_fleet_to_zero_and_the_reading_stays_fresh(
+    limits: Limits,
+) -> None:
+    """+Inf waiting: the holder's scrape sizes the limit to 0 (no room, a finite count sent to
+    Redis), a scrape that succeeded rather than a failure that leaves the last size standing."""
+    bodies = Bodies(vllm(0, running=0))
+    followed = EngineSignal(
+        engine_url(), waiting_max=WAITING_MAX, batch_size=BATCH, floor=1, fetch=bodies,
+        interval_seconds=0.1, stale_after_seconds=0.5,
+    )  # fmt: skip
+    limit = limits(100, engine=followed, **TIMING)
+    await limit.connect()
+    await eventually(lambda: limit.limit == BATCH + WAITING_MAX, "a first reading", 5)
+    bodies.body = vllm(float("inf"), running=BATCH)
+    await eventually(lambda: limit.limit == 0, "the size from the endless queue", 5)
+    _, engine_statistics = upstream_statistics(limit)
+    assert engine_statistics is not None
+    assert engine_statistics.waiting == float("inf")
+    assert (engine_statistics.stale, engine_statistics.failures) == (False, 0)
 
 
 async def test_the_local_fallback_of_an_engine_limit_admits_at_most_the_floor(key: str) -> None:
