@@ -19,7 +19,9 @@ The formats, as the providers document and send them:
 
 Each header is read on its own: a count is ASCII digits (spaces and tabs around it allowed);
 anything else (a sign, a fraction, a header sent twice with two values, a date that is not RFC
-3339) is ignored, that header alone. Nothing here raises on any header value.
+3339) is ignored, that header alone. Nothing here raises on any header value. A budget is told
+a reset at most `MAX_RESET_SECONDS` (10 minutes) away: past it, the next call's answer tells
+again.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from ..upstream_view import UpstreamBudget
 
 __all__ = [
+    "MAX_RESET_SECONDS",
     "ProviderReading",
     "openai_reset_seconds",
     "provider_readings",
@@ -45,6 +48,9 @@ __all__ = [
     "rfc3339_seconds",
 ]
 
+# The furthest reset a budget is told: a per-minute budget's provider resets within minutes
+# (OpenAI's example says 6m0s), and a later answer tells again (a daily limit, say).
+MAX_RESET_SECONDS = 600.0
 _Field = Literal["limit", "remaining", "reset"]
 _FIELDS: tuple[_Field, ...] = ("limit", "remaining", "reset")
 _OPENAI: dict[str, BudgetName] = {"requests": "requests", "tokens": "tokens"}
@@ -129,13 +135,15 @@ def report_readings(
     budget: UpstreamBudget, readings: Iterable[ProviderReading], *, now: float
 ) -> int:
     """Tell `budget` each reading that says both what remains and when it resets (`now`: the
-    budget's clock, so the reset is `now + reset_seconds`); how many were told."""
+    budget's clock, so the reset is `now + reset_seconds`, at most `MAX_RESET_SECONDS` on);
+    how many were told."""
     told = 0
     for reading in readings:
         if reading.remaining is not None and reading.reset_seconds is not None:
-            budget.report(
-                reading.budget, remaining=reading.remaining, reset_at=now + reading.reset_seconds
-            )
+            # One answer (or a wall clock far behind an RFC 3339 reset) may not hold a budget
+            # back for days: nothing would be admitted to bring a fresher reading.
+            seconds = min(reading.reset_seconds, MAX_RESET_SECONDS)
+            budget.report(reading.budget, remaining=reading.remaining, reset_at=now + seconds)
             told += 1
     return told
 

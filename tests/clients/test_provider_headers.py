@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gym_concurrency.clients.provider_headers import (
+    MAX_RESET_SECONDS,
     ProviderReading,
     openai_reset_seconds,
     provider_readings,
@@ -158,6 +159,29 @@ def test_readings_tell_a_budget_what_remains_until_the_reset() -> None:
     statistics = budget.statistics()
     assert statistics.tokens is not None
     assert statistics.tokens.reported_remaining == 300
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "999999999999h"},
+        {"anthropic-ratelimit-tokens-remaining": "0",
+         "anthropic-ratelimit-tokens-reset": "9999-12-31T23:59:59Z"},
+    ],
+    ids=["openai", "anthropic"],
+)  # fmt: skip
+def test_a_reset_far_away_holds_a_budget_back_ten_minutes_at_most(headers: dict[str, str]) -> None:
+    """One answer (or a wall clock far behind) would otherwise refuse every call for ages,
+    and nothing admitted could bring a fresher reading."""
+    now = [100.0]
+    budget = RateBudget(tokens_per_minute=1000, clock=lambda: now[0])
+    (reading,) = provider_readings(headers)
+    assert reading.reset_seconds is not None
+    assert reading.reset_seconds > 10**6  # read as the provider said it
+    assert report_readings(budget, [reading], now=now[0]) == 1
+    assert budget.reserve(1) == pytest.approx(MAX_RESET_SECONDS) == 600.0
+    now[0] += MAX_RESET_SECONDS
+    assert not isinstance(budget.reserve(1), float)  # the configured budget again
 
 
 _NAMES = [
