@@ -8,8 +8,9 @@ short; charged in full, as it may have cost it all) or `cancel()` (never sent: e
 back). Later calls do nothing. A streamed body (`text/event-stream`) is read piece by piece
 (at most one event kept); any other is kept up to `MAX_EVENT_BYTES` to be parsed at its end
 (a longer one is not read: charged in full). A body sent with `Content-Encoding` gzip or
-deflate is read decompressed (a piece at most 1 MiB once inflated); any other encoding is not
-read (charged in full). Plain numbers and no await: a transport or the middleware calls it
+deflate is read decompressed (a piece at most 1 MiB once inflated, the body at most
+`MAX_INFLATION` times its compressed size and 1 MiB more); any other encoding is not read
+(charged in full). Plain numbers and no await: a transport or the middleware calls it
 inline.
 """
 
@@ -21,13 +22,23 @@ from typing import Any
 from .upstream_view import UpstreamBudget
 from .usage import MAX_EVENT_BYTES, StreamedUsage, Usage, usage_from_json
 
-__all__ = ["Settlement"]
+__all__ = ["MAX_INFLATION", "Settlement"]
+
+MAX_INFLATION = 200  # what a compressed body may inflate to, times its size (an SSE stream: ~45x)
 
 
 class Settlement:
     """The reservation of one call on `budget`, settled from its response (see the module)."""
 
-    __slots__ = ("_body", "_budget", "_inflate", "_over", "_reservation", "_stream")
+    __slots__ = (
+        "_body",
+        "_budget",
+        "_inflate",
+        "_inflated_room",
+        "_over",
+        "_reservation",
+        "_stream",
+    )
 
     def __init__(self, budget: UpstreamBudget, reservation: Any) -> None:
         """`reservation`: what `budget` handed the admission (a Reservation, or a shared
@@ -38,6 +49,7 @@ class Settlement:
         self._body = bytearray()
         self._over = False  # the body is longer than a usage is read from (or unreadable)
         self._inflate: zlib._Decompress | None = None  # a compressed body's decompressor
+        self._inflated_room = MAX_EVENT_BYTES  # more a compressed body may inflate to (below)
 
     @property
     def open(self) -> bool:
@@ -94,11 +106,16 @@ class Settlement:
             self._budget.cancel(reservation)
 
     def _inflated(self, piece: bytes) -> bytes:
-        """`piece` decompressed; past the bound or broken, nothing more of the body is read."""
+        """`piece` decompressed; past the bounds or broken, nothing more of the body is read.
+        Bounds: a piece inflates to `MAX_EVENT_BYTES` at most, and the body to
+        `MAX_INFLATION` times what came compressed, plus `MAX_EVENT_BYTES` (reading what it
+        inflates to costs CPU by the byte: a bomb may not make that its wire size's thousands)."""
         assert self._inflate is not None
+        self._inflated_room += MAX_INFLATION * len(piece)
         try:
-            plain = self._inflate.decompress(piece, MAX_EVENT_BYTES)
+            plain = self._inflate.decompress(piece, min(MAX_EVENT_BYTES, self._inflated_room))
             if not self._inflate.unconsumed_tail:
+                self._inflated_room -= len(plain)
                 return plain
         except zlib.error:
             pass

@@ -45,6 +45,7 @@ _JSON_ERRORS = (ValueError, UnicodeError, RecursionError)  # RecursionError: dee
 _ANTHROPIC_INPUT = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 _RESPONSE_ENDS = ("response.completed", "response.incomplete", "response.failed")
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+_BLANK_LINES = re.compile(rb"(?:\r\n|\r|\n){3,}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +148,9 @@ class StreamedUsage:
             return
         if self._after_cr and piece.startswith(b"\n"):
             piece = piece[1:]
+        # A blank line after a blank line dispatches nothing: a flood of them is cut here, in
+        # C, to the one that ends an event (not a line each in Python).
+        piece = _BLANK_LINES.sub(b"\n\n", piece)
         self._after_cr = piece.endswith(b"\r")
         start = 0
         for end in _LINE_END.finditer(piece):

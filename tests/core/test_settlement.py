@@ -10,12 +10,13 @@ import itertools
 import json
 import zlib
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gym_concurrency.limits.rate_budget import RateBudget, Reservation
-from gym_concurrency.settlement import Settlement
-from gym_concurrency.usage import MAX_EVENT_BYTES
+from gym_concurrency.settlement import MAX_INFLATION, Settlement
+from gym_concurrency.usage import MAX_EVENT_BYTES, StreamedUsage
 
 JSON = json.dumps({"choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": 20}})
 STREAM = (
@@ -109,3 +110,64 @@ def test_it_closes_once_whichever_way_comes_first() -> None:
     budget, reservation = reserved()
     Settlement(budget, reservation).cancel()  # never sent: all back, its request too
     assert remaining(budget) == 1000
+
+
+def inflated_into_the_stream(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of what a Settlement hands its stream reader, piece by piece."""
+    fed: list[int] = []
+    feed = StreamedUsage.feed
+
+    def counted(self: StreamedUsage, piece: bytes) -> None:
+        fed.append(len(piece))
+        feed(self, piece)
+
+    monkeypatch.setattr(StreamedUsage, "feed", counted)
+    return fed
+
+
+def test_a_compressed_bomb_is_read_at_most_max_inflation_times_its_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each 1 KiB piece inflates to about 1 MB: reading stops once the body passes
+    MAX_INFLATION times what came compressed (and 1 MiB), and the call is charged in full."""
+    fed = inflated_into_the_stream(monkeypatch)
+    compress = zlib.compressobj(9, zlib.DEFLATED, 31)
+    flood = b"\n" * 1_000_000
+    bomb = [compress.compress(flood) + compress.flush(zlib.Z_SYNC_FLUSH) for _ in range(20)]
+    assert zlib.decompressobj(31).decompress(b"".join(bomb)) == flood * 20  # one valid stream
+    budget, reservation = reserved()
+    settlement = Settlement(budget, reservation)
+    settlement.start("text/event-stream", "gzip")
+    for piece in bomb:
+        settlement.feed(piece)
+    assert settlement.end() is None
+    assert remaining(budget) == 1000 - 600  # charged in full
+    wire = sum(map(len, bomb))
+    assert sum(fed) <= MAX_INFLATION * wire + MAX_EVENT_BYTES
+    assert len(fed) < len(bomb)  # it stopped reading
+
+
+def test_a_long_stream_compressed_as_well_as_json_compresses_settles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A chat stream of 3,000 chunks, one flush a chunk or one compressed whole (about 45x):
+    well within MAX_INFLATION, read to its usage."""
+    words = [f"w{n * 7919 % 1000}" for n in range(3000)]
+    chunks = [
+        b"data: " + json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                                "choices": [{"index": 0, "delta": {"content": word}}]}).encode()
+        + b"\n\n"
+        for word in words
+    ] + [STREAM]  # fmt: skip
+    whole = gzip.compress(b"".join(chunks), 9)
+    assert len(b"".join(chunks)) / len(whole) > 20  # as compressible as such streams are
+    compress = zlib.compressobj(9, zlib.DEFLATED, 31)
+    flushed = [compress.compress(c) + compress.flush(zlib.Z_SYNC_FLUSH) for c in chunks]
+    for body in ([whole[i : i + 4096] for i in range(0, len(whole), 4096)], flushed):
+        budget, reservation = reserved()
+        settlement = Settlement(budget, reservation)
+        settlement.start("text/event-stream", "gzip")
+        for piece in body:
+            settlement.feed(piece)
+        assert settlement.end() is not None
+        assert remaining(budget) == 1000 - 130

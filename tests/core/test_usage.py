@@ -194,3 +194,23 @@ def test_no_stream_raises_and_pieces_read_as_the_whole(
     for start, end in zip([0, *cuts], [*cuts, len(body)], strict=True):
         reader.feed(body[start:end])
     assert reader.result() == whole
+
+
+def test_a_flood_of_blank_lines_is_one_event_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blank lines after a blank line dispatch nothing: a flood of them (any line ends, in any
+    pieces) costs one dispatch, not a Python call a line, and the usage after it is read."""
+    dispatched: list[int] = []
+    dispatch = StreamedUsage._dispatch
+
+    def counted(self: StreamedUsage) -> None:
+        dispatched.append(1)
+        dispatch(self)
+
+    monkeypatch.setattr(StreamedUsage, "_dispatch", counted)
+    reader = StreamedUsage()
+    reader.feed(b'data: {"choices": [{"delta": {"content": "hi"}}]}\n')
+    for flood in (b"\n" * 100_000, b"\r\n" * 50_000, b"\r" * 100_000):
+        reader.feed(flood)
+    reader.feed(b'data: {"usage": {"prompt_tokens": 5, "completion_tokens": 6}}\n\n')
+    assert reader.result() == Usage(5, 6)
+    assert len(dispatched) <= 10
