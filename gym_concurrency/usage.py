@@ -22,6 +22,7 @@ are read as client-sent ones are (json_numbers.py).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,10 +51,17 @@ _BLANK_LINES = re.compile(rb"(?:\r\n|\r|\n){3,}")
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Tokens a call used: its input (prompt) and its output (completion)."""
+    """Tokens a call used: its input (prompt) and its output (completion), ints >= 0 (else
+    ValueError: a negative count would refund more than was reserved)."""
 
     input_tokens: int
     output_tokens: int
+
+    def __post_init__(self) -> None:
+        for name in ("input_tokens", "output_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"Usage.{name} must be an int >= 0, not {value!r}")
 
     @property
     def total(self) -> int:
@@ -242,8 +250,8 @@ class StreamedUsage:
 
 def _tokens(value: object) -> int | None:
     """A token count: a number >= 0 (rounded up), else None."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and value == 0:
-        return 0
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1:
+        return math.ceil(value)  # 0, or a fraction of one token: one
     return count(value)
 
 

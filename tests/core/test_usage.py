@@ -214,3 +214,15 @@ def test_a_flood_of_blank_lines_is_one_event_end(monkeypatch: pytest.MonkeyPatch
     reader.feed(b'data: {"usage": {"prompt_tokens": 5, "completion_tokens": 6}}\n\n')
     assert reader.result() == Usage(5, 6)
     assert len(dispatched) <= 10
+
+
+def test_a_usage_is_counts_and_a_fraction_of_a_token_is_one() -> None:
+    """A negative or non-int count would refund more than was reserved: refused by name. A
+    reported fraction of a token rounds up, as any count does."""
+    for bad in (-1, 1.5, "3", True, None):
+        with pytest.raises(ValueError, match=r"Usage\.input_tokens must be an int >= 0"):
+            Usage(bad, 0)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"Usage\.output_tokens must be an int >= 0"):
+            Usage(0, bad)  # type: ignore[arg-type]
+    body = {"usage": {"prompt_tokens": 0.5, "completion_tokens": 2.2}}
+    assert usage_from_json(json.dumps(body)) == Usage(1, 3)
