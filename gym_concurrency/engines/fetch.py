@@ -119,8 +119,10 @@ def _head(head: bytes) -> tuple[int, dict[str, str]]:
     """The status and the headers (names lower-cased; a repeated one: the last)."""
     status_line, *lines = head.decode("latin-1").split("\r\n")
     version, _, rest = status_line.partition(" ")
-    code = rest[:3]
-    if not version.startswith("HTTP/1.") or not (code.isascii() and code.isdigit()):
+    code = rest.partition(" ")[0]  # three digits, then a space and a reason (maybe empty)
+    if not version.startswith("HTTP/1.") or not (
+        len(code) == 3 and code.isascii() and code.isdigit()
+    ):
         raise ScrapeError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
     headers = {}
     for line in lines:

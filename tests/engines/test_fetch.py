@@ -75,6 +75,7 @@ async def test_an_endless_body_is_refused_at_the_cap_and_its_connection_closed()
     [
         (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n", "answered 503"),
         (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x status line: 'SSH-2.0-OpenSSH'"),
+        (b"HTTP/1.1 2000 OK\r\n\r\n", "not an HTTP/1.x status line: 'HTTP/1.1 2000 OK'"),
         (OK + b"Content-Length: 12x\r\n\r\n", "a Content-Length of '12x'"),
         (OK + b"Content-Encoding: gzip\r\n\r\n", "answered in 'gzip', not identity"),
         (OK + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", "a chunk size of b'zz'"),
