@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gym_concurrency import MeteredSemaphore
@@ -309,6 +309,8 @@ def test_a_window_with_overload_answers_lowers_the_limit(algorithm, data, fracti
     noise=st.floats(0.0, 0.2),
     seed=st.integers(0, 2**16),
 )
+# A low middle by chance (CI, 3.13): over 120 s the means of its 15-s windows stay 8.5-10.5.
+@example(algorithm="gradient", knee=9, thrash=1.25, noise=0.1875, seed=23937)
 def test_no_upward_creep_behind_a_standing_queue(algorithm, knee, thrash, noise, seed):
     """Latency that rises with the limit while a queue stands in front of it never pulls the
     limit up past where latency crossed the tolerance, however long it runs."""
@@ -331,7 +333,9 @@ def test_no_upward_creep_behind_a_standing_queue(algorithm, knee, thrash, noise,
     bound = crossing + math.sqrt(crossing) + 2
     assert max(limit for _, limit in run.limits) <= bound
     middle, late = run.limits_between(15, 30), run.limits_between(30, 45)
-    assert sum(late) / len(late) <= 1.1 * sum(middle) / len(middle) + 1  # no drift with time
+    # No drift with time: a window's mean moves by the noise's reach (as the bound's does).
+    reach = math.sqrt(crossing) + 1
+    assert sum(late) / len(late) <= 1.1 * sum(middle) / len(middle) + reach
 
 
 @settings(max_examples=100, deadline=None)
