@@ -627,6 +627,15 @@ async def test_a_release_sent_with_an_acquire_that_fails_is_removed_later(
     assert limit.active == 0
 
 
+async def wait_connected(limit: SharedLimit, attempts: int = 10) -> None:
+    """`limit.connect()` until Redis answered it (each try bounded by its redis_timeout)."""
+    for _ in range(attempts):
+        if await limit.connect():
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{limit!r} never reached Redis")
+
+
 async def test_a_cluster_node_that_took_over_grants_nothing_on_a_connection_kept_from_before(
     tmp_path: Path, key: str
 ) -> None:
@@ -647,7 +656,9 @@ async def test_a_cluster_node_that_took_over_grants_nothing_on_a_connection_kept
         while int(client.info("server")["uptime_in_seconds"]) < 1:  # noqa: ASYNC110 - as on_own
             await asyncio.sleep(0.05)
         holder, other = made(1, **LEASE), made(1, **LEASE)
-        await other.acquire()  # (its connection is made, and checked, now)
+        for limit in (other, holder):  # connections made, and checked, now: a first call to
+            await wait_connected(limit)  # a cluster may outlast redis_timeout (seen in CI)
+        await other.acquire()
         other.release()
         await settle(other)
         names = list(holder.redis_keys.values())
